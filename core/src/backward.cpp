@@ -1,0 +1,268 @@
+// backward.cpp: every backward formula, in one place, next to its op's name.
+//
+// Each rule gets the op's inputs, its forward outputs (saved tensors included) and the output
+// gradients, and returns one gradient per input, built from tensor ops so it runs on any device.
+// Gradients of broadcast inputs are summed by broadcast_as's own rule (the front-end broadcasts
+// explicitly). The norm rules read the saved mean/rstd (f32 for half types and f32, f64 for
+// f64), compute in that dtype, and cast each gradient to its input's dtype once.
+#include <cmath>
+#include <numbers>
+
+#include "taper/autograd.h"
+#include "taper/op.h"
+
+namespace taper {
+namespace {
+
+using Tensors = std::vector<Tensor>;
+#define BWD(name) \
+  Tensors bwd_##name(const Tensors& in, const Tensors& out, const Tensors& g, const OpAttrs& a)
+
+Tensor mask_as(const Tensor& m, DType dt) { return m.to_dtype(dt); }
+Tensor scalar(const Tensor& like, double v) {
+  return Tensor::full(Shape({1}), v, like.dtype(), like.device());
+}
+bool has(const Tensor& t) { return t.defined() && t.elem_count() > 0; }
+
+// ---- views and copies ----
+BWD(reshape) { return {g[0].reshape(in[0].shape())}; }
+BWD(permute) {
+  std::vector<size_t> inv(a.ints.size());
+  for (size_t i = 0; i < a.ints.size(); ++i) inv[static_cast<size_t>(a.ints[i])] = i;
+  return {g[0].permute(inv)};
+}
+BWD(narrow) {
+  OpAttrs b;
+  b.i0 = a.i0;
+  b.ints = a.ints;  // {start, full_len}
+  return {dispatch1(OpId::narrow_bwd, {g[0]}, b)};
+}
+BWD(narrow_bwd) {
+  return {g[0].narrow(a.i0, static_cast<size_t>(a.ints[0]), in[0].shape()[a.i0])};
+}
+BWD(broadcast_as) {
+  const Shape& s = in[0].shape();
+  const Shape& t = g[0].shape();
+  const size_t lead = t.rank() - s.rank();
+  std::vector<int64_t> dims;
+  for (size_t i = 0; i < t.rank(); ++i)
+    if (i < lead || (s[i - lead] == 1 && t[i] != 1)) dims.push_back(static_cast<int64_t>(i));
+  if (dims.empty()) return {g[0].reshape(s)};
+  return {g[0].sum(dims, true).reshape(s)};
+}
+BWD(copy) { return {g[0]}; }
+BWD(to_dtype) { return {g[0].to_dtype(in[0].dtype())}; }
+
+// ---- unary ----
+BWD(neg) { return {g[0].neg()}; }
+BWD(abs) {
+  const Tensor& x = in[0];
+  const Tensor z = Tensor::zeros(Shape({1}), x.dtype(), x.device());
+  const Tensor sign = mask_as(x.gt(z), x.dtype()) - mask_as(x.lt(z), x.dtype());
+  return {g[0] * sign};
+}
+BWD(exp) { return {g[0] * out[0]}; }
+BWD(log) { return {g[0] / in[0]}; }
+BWD(sqrt) { return {g[0] / out[0] * 0.5}; }
+BWD(rsqrt) { return {g[0] * out[0] * out[0] * out[0] * -0.5}; }
+BWD(recip) { return {-(g[0] * out[0] * out[0])}; }
+BWD(sqr) { return {g[0] * in[0] * 2.0}; }
+BWD(tanh) { return {g[0] * (1.0 - out[0] * out[0])}; }
+BWD(sigmoid) { return {g[0] * out[0] * (1.0 - out[0])}; }
+BWD(relu) {
+  const Tensor& x = in[0];
+  return {g[0] * mask_as(x.gt(Tensor::zeros(Shape({1}), x.dtype(), x.device())), x.dtype())};
+}
+BWD(gelu) {
+  // y = 0.5 x (1 + tanh(u)), u = c (x + 0.044715 x^3)
+  const Tensor& x = in[0];
+  const double c = std::sqrt(2.0 / std::numbers::pi);
+  const Tensor x2 = x * x;
+  const Tensor t = ((x + x2 * x * 0.044715) * c).tanh();
+  const Tensor du = (x2 * (3.0 * 0.044715) + 1.0) * c;
+  const Tensor d = (t + 1.0) * 0.5 + x * 0.5 * (1.0 - t * t) * du;
+  return {g[0] * d};
+}
+BWD(gelu_erf) {
+  // y = x Phi(x); dy/dx = Phi(x) + x phi(x). Phi = y / x away from 0 (1/2 at 0).
+  const Tensor& x = in[0];
+  const Tensor tiny = scalar(x, 1e-30);
+  const Tensor small = x.abs().lt(tiny);
+  const Tensor safe_x = small.where_cond(scalar(x, 1.0).broadcast_as(x.shape()), x);
+  const Tensor cdf = small.where_cond(scalar(x, 0.5).broadcast_as(x.shape()), out[0] / safe_x);
+  const Tensor pdf = (x * x * -0.5).exp() * (1.0 / std::sqrt(2.0 * std::numbers::pi));
+  return {g[0] * (cdf + x * pdf)};
+}
+BWD(silu) {
+  const Tensor s = in[0].sigmoid();
+  return {g[0] * s * (1.0 + in[0] * (1.0 - s))};
+}
+BWD(sin) { return {g[0] * in[0].cos()}; }
+BWD(cos) { return {-(g[0] * in[0].sin())}; }
+BWD(powf) { return {g[0] * in[0].powf(a.f0 - 1.0) * a.f0}; }
+BWD(affine) { return {g[0] * a.f0}; }
+BWD(clamp) {
+  const Tensor& x = in[0];
+  const Tensor inside = x.ge(scalar(x, a.f0)).mul(x.le(scalar(x, a.f1)));
+  return {g[0] * mask_as(inside, x.dtype())};
+}
+
+// ---- binary ----
+BWD(add) { return {g[0], g[0]}; }
+BWD(sub) { return {g[0], g[0].neg()}; }
+BWD(mul) { return {g[0] * in[1], g[0] * in[0]}; }
+BWD(div) { return {g[0] / in[1], -(g[0] * out[0] / in[1])}; }
+BWD(maximum) {
+  const Tensor m = in[0].ge(in[1]);  // ties: the gradient goes to the first operand
+  const Tensor z = Tensor::zeros(Shape({1}), g[0].dtype(), g[0].device()).broadcast_as(g[0].shape());
+  return {m.where_cond(g[0], z), m.where_cond(z, g[0])};
+}
+BWD(minimum) {
+  const Tensor m = in[0].le(in[1]);
+  const Tensor z = Tensor::zeros(Shape({1}), g[0].dtype(), g[0].device()).broadcast_as(g[0].shape());
+  return {m.where_cond(g[0], z), m.where_cond(z, g[0])};
+}
+BWD(where_cond) {
+  const Tensor z = Tensor::zeros(Shape({1}), g[0].dtype(), g[0].device()).broadcast_as(g[0].shape());
+  return {Tensor(), in[0].where_cond(g[0], z), in[0].where_cond(z, g[0])};
+}
+
+// ---- reductions ----
+Tensor expand_reduced(const Tensor& gy, const Tensor& x, const OpAttrs& a) {
+  std::vector<size_t> kd = x.dims();
+  for (int64_t d : a.ints) kd[static_cast<size_t>(d)] = 1;
+  return gy.reshape(Shape(kd)).broadcast_as(x.shape());
+}
+BWD(sum) { return {expand_reduced(g[0], in[0], a)}; }
+Tensors minmax_bwd(const Tensors& in, const Tensors& out, const Tensors& g, const OpAttrs& a) {
+  // Ties share the gradient equally, so the gradient sums to the output gradient.
+  const Tensor& x = in[0];
+  const Tensor hit = mask_as(x.eq(expand_reduced(out[0], x, a)), x.dtype());
+  const Tensor count = hit.sum(a.ints, true);
+  return {hit * expand_reduced(g[0], x, a) / count.broadcast_as(x.shape())};
+}
+BWD(max) { return minmax_bwd(in, out, g, a); }
+BWD(min) { return minmax_bwd(in, out, g, a); }
+
+// ---- matmul ----
+BWD(matmul) { return {g[0].matmul(in[1].t()), in[0].t().matmul(g[0])}; }
+
+// ---- indexing ----
+BWD(index_select) {
+  const Tensor& x = in[0];
+  const size_t d = static_cast<size_t>(a.i0);
+  std::vector<size_t> ishape(x.rank(), 1);
+  ishape[d] = in[1].elem_count();
+  const Tensor idx = in[1].reshape(Shape(ishape)).broadcast_as(g[0].shape());
+  return {Tensor::zeros(x.shape(), g[0].dtype(), x.device()).scatter_add(idx, g[0], a.i0),
+          Tensor()};
+}
+BWD(gather) {
+  return {Tensor::zeros(in[0].shape(), g[0].dtype(), in[0].device()).scatter_add(in[1], g[0], a.i0),
+          Tensor()};
+}
+BWD(scatter_add) { return {g[0], Tensor(), g[0].gather(in[1], a.i0)}; }
+BWD(cat) {
+  Tensors out_g;
+  size_t start = 0;
+  for (const Tensor& t : in) {
+    const size_t len = t.shape()[static_cast<size_t>(a.i0)];
+    out_g.push_back(g[0].narrow(a.i0, start, len));
+    start += len;
+  }
+  return out_g;
+}
+
+// ---- fused ----
+BWD(softmax_last_dim) { return {dispatch1(OpId::softmax_last_dim_bwd, {out[0], g[0]})}; }
+BWD(log_softmax_last_dim) { return {dispatch1(OpId::log_softmax_last_dim_bwd, {out[0], g[0]})}; }
+
+DType stat_dtype(DType dt) { return dt == DType::F64 ? DType::F64 : DType::F32; }
+
+// Shared tail of the norm backwards over rows of the last dim of `xs` (stat dtype):
+// xhat = (x - mean) * rstd;  gw = gy * w;  dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat))
+// (rms norm: no mean terms).
+Tensor norm_dx(const Tensor& gw, const Tensor& xhat, const Tensor& rstd, bool centered) {
+  Tensor inner = gw - xhat * (gw * xhat).mean({-1}, true);
+  if (centered) inner = inner - gw.mean({-1}, true);
+  return inner * rstd;
+}
+
+BWD(rms_norm) {
+  const Tensor& x = in[0];
+  const Tensor& w = in[1];
+  const DType sd = stat_dtype(x.dtype());
+  const Tensor gy = g[0].to_dtype(sd);
+  const Tensor rstd = out[1].unsqueeze(-1);
+  const Tensor xhat = x.to_dtype(sd) * rstd;
+  const Tensor gw = has(w) ? gy * w.to_dtype(sd) : gy;
+  Tensors r = {norm_dx(gw, xhat, rstd, false).to_dtype(x.dtype()), Tensor()};
+  if (has(w)) {
+    const Tensor gx = (gy * xhat).reshape(Shape({x.elem_count() / x.dim(-1), x.dim(-1)}));
+    r[1] = gx.sum({0}).to_dtype(w.dtype());
+  }
+  return r;
+}
+
+BWD(layer_norm) {
+  const Tensor& x = in[0];
+  const Tensor& w = in[1];
+  const Tensor& b = in[2];
+  const DType sd = stat_dtype(x.dtype());
+  const Tensor gy = g[0].to_dtype(sd);
+  const Tensor rstd = out[2].unsqueeze(-1);
+  const Tensor xhat = (x.to_dtype(sd) - out[1].unsqueeze(-1)) * rstd;
+  const Tensor gw = has(w) ? gy * w.to_dtype(sd) : gy;
+  Tensors r = {norm_dx(gw, xhat, rstd, true).to_dtype(x.dtype()), Tensor(), Tensor()};
+  const Shape rows({x.elem_count() / x.dim(-1), x.dim(-1)});
+  if (has(w)) r[1] = (gy * xhat).reshape(rows).sum({0}).to_dtype(w.dtype());
+  if (has(b)) r[2] = gy.reshape(rows).sum({0}).to_dtype(b.dtype());
+  return r;
+}
+
+BWD(group_norm) {
+  // x: (N, C, *) viewed as (N, G, M) with M = C/G * spatial; mean, rstd: (N, G).
+  const Tensor& x = in[0];
+  const Tensor& w = in[1];
+  const Tensor& b = in[2];
+  const DType sd = stat_dtype(x.dtype());
+  const size_t n = x.dim(0), c = x.dim(1), groups = static_cast<size_t>(a.i0);
+  const size_t spatial = x.elem_count() / (n * c);
+  const Shape grouped({n, groups, x.elem_count() / (n * groups)});
+  const Shape chan({n, c, spatial});
+  const Tensor gy = g[0].to_dtype(sd).reshape(chan);
+  const Tensor rstd = out[2].unsqueeze(-1);
+  const Tensor xhat =
+      ((x.to_dtype(sd).reshape(grouped) - out[1].unsqueeze(-1)) * rstd).reshape(chan);
+  const Tensor gw = has(w) ? gy * w.to_dtype(sd).reshape(Shape({1, c, 1})) : gy;
+  const Tensor dx = norm_dx(gw.reshape(grouped), xhat.reshape(grouped), rstd, true);
+  Tensors r = {dx.reshape(x.shape()).to_dtype(x.dtype()), Tensor(), Tensor()};
+  if (has(w)) r[1] = (gy * xhat).sum({0, 2}).to_dtype(w.dtype());
+  if (has(b)) r[2] = gy.sum({0, 2}).to_dtype(b.dtype());
+  return r;
+}
+
+#undef BWD
+
+// Ops marked non-differentiable in the table: no rule (the coverage test checks both ways).
+constexpr BwdFn bwd_fill = nullptr, bwd_arange = nullptr, bwd_rand_uniform = nullptr,
+                bwd_rand_normal = nullptr, bwd_eq = nullptr, bwd_ne = nullptr, bwd_lt = nullptr,
+                bwd_le = nullptr, bwd_gt = nullptr, bwd_ge = nullptr, bwd_argmax = nullptr,
+                bwd_argmin = nullptr, bwd_softmax_last_dim_bwd = nullptr,
+                bwd_log_softmax_last_dim_bwd = nullptr;
+
+}  // namespace
+
+BwdFn backward_rule(OpId op) {
+  switch (op) {
+#define TAPER_X(name, arity, nout, diff) \
+  case OpId::name:                       \
+    return bwd_##name;
+    TAPER_OPS(TAPER_X)
+#undef TAPER_X
+    case OpId::Count: break;
+  }
+  return nullptr;
+}
+
+}  // namespace taper

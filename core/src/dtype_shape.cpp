@@ -1,0 +1,134 @@
+// dtype_shape.cpp: Shape and Layout arithmetic, dims and broadcasting, Device names, the device
+// backend table, and the assertion handler.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+
+#include "taper/device.h"
+#include "taper/error.h"
+#include "taper/shape.h"
+
+namespace taper {
+
+namespace detail {
+void assert_fail(const char* expr, const char* file, int line) {
+  std::fprintf(stderr, "taper: internal assertion failed: %s at %s:%d\n", expr, file, line);
+  std::abort();
+}
+}  // namespace detail
+
+size_t Shape::elem_count() const {
+  size_t n = 1;
+  for (size_t d : dims_) n *= d;
+  return n;
+}
+
+std::vector<int64_t> Shape::contiguous_strides() const {
+  std::vector<int64_t> st(dims_.size());
+  int64_t acc = 1;
+  for (size_t i = dims_.size(); i-- > 0;) {
+    st[i] = acc;
+    acc *= static_cast<int64_t>(dims_[i]);
+  }
+  return st;
+}
+
+std::string Shape::to_string() const {
+  std::ostringstream os;
+  os << "(";
+  for (size_t i = 0; i < dims_.size(); ++i) os << (i ? ", " : "") << dims_[i];
+  os << ")";
+  return os.str();
+}
+
+Layout::Layout(Shape s, size_t off) : shape(std::move(s)), offset(off) {
+  strides = shape.contiguous_strides();
+}
+
+bool Layout::is_contiguous() const {
+  int64_t expect = 1;
+  for (size_t i = shape.rank(); i-- > 0;) {
+    if (shape[i] == 1) continue;
+    if (strides[i] != expect) return false;
+    expect *= static_cast<int64_t>(shape[i]);
+  }
+  return true;
+}
+
+size_t Layout::max_index() const {
+  int64_t m = static_cast<int64_t>(offset);
+  for (size_t i = 0; i < shape.rank(); ++i)
+    if (shape[i] > 0) m += (static_cast<int64_t>(shape[i]) - 1) * std::max<int64_t>(strides[i], 0);
+  return static_cast<size_t>(m);
+}
+
+// The chunk-matching rule PyTorch uses for view(): old dims are grouped into chunks that are
+// contiguous among themselves; each chunk must map onto whole new dims.
+std::optional<std::vector<int64_t>> Layout::view_strides(const Shape& ns) const {
+  std::vector<int64_t> out(ns.rank());
+  if (elem_count() == 0 || shape.rank() == 0) return ns.contiguous_strides();
+  int64_t view_d = static_cast<int64_t>(ns.rank()) - 1;
+  int64_t chunk_base = strides.back();
+  int64_t tensor_numel = 1, view_numel = 1;
+  for (int64_t td = static_cast<int64_t>(shape.rank()) - 1; td >= 0; --td) {
+    tensor_numel *= static_cast<int64_t>(shape[td]);
+    if (td == 0 || (shape[td - 1] != 1 && strides[td - 1] != tensor_numel * chunk_base)) {
+      while (view_d >= 0 && (view_numel < tensor_numel || ns[view_d] == 1)) {
+        out[view_d] = view_numel * chunk_base;
+        view_numel *= static_cast<int64_t>(ns[view_d]);
+        --view_d;
+      }
+      if (view_numel != tensor_numel) return std::nullopt;
+      if (td > 0) {
+        chunk_base = strides[td - 1];
+        tensor_numel = 1;
+        view_numel = 1;
+      }
+    }
+  }
+  if (view_d != -1) return std::nullopt;
+  return out;
+}
+
+size_t normalize_dim(int64_t dim, size_t rank, const char* op) {
+  const int64_t r = static_cast<int64_t>(rank);
+  TAPER_CHECK(dim >= -r && dim < r, op, ": dim ", dim, " out of range for rank ", rank);
+  return static_cast<size_t>(dim < 0 ? dim + r : dim);
+}
+
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
+  const size_t r = std::max(a.rank(), b.rank());
+  std::vector<size_t> out(r);
+  for (size_t i = 0; i < r; ++i) {
+    const size_t da = i < r - a.rank() ? 1 : a[i - (r - a.rank())];
+    const size_t db = i < r - b.rank() ? 1 : b[i - (r - b.rank())];
+    TAPER_CHECK(da == db || da == 1 || db == 1, op, ": shapes ", a.to_string(), " and ",
+                b.to_string(), " cannot be broadcast together");
+    out[i] = da == 1 ? db : da;
+  }
+  return Shape(out);
+}
+
+std::string Device::to_string() const {
+  return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(ordinal_);
+}
+
+namespace {
+DeviceBackend* g_backends[kNumDeviceKinds] = {};
+}
+
+void register_device_backend(DeviceKind kind, DeviceBackend* backend) {
+  g_backends[static_cast<int>(kind)] = backend;
+}
+
+DeviceBackend& device_backend(DeviceKind kind) {
+  DeviceBackend* b = g_backends[static_cast<int>(kind)];
+  TAPER_CHECK(b != nullptr, "device ", Device(kind, 0).to_string(),
+              ": taper was built without this backend (or no device is present)");
+  return *b;
+}
+
+bool device_available(DeviceKind kind) { return g_backends[static_cast<int>(kind)] != nullptr; }
+
+}  // namespace taper

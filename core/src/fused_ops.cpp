@@ -1,0 +1,88 @@
+// fused_ops.cpp: the public entry points of the fused ops (taper::ops): argument checks with
+// messages that name the op, shapes and dtypes, then dispatch (kernel, or composed fallback).
+#include "taper/op.h"
+#include "taper/ops.h"
+
+namespace taper::ops {
+namespace {
+
+bool present(const Tensor& t) { return t.defined() && t.elem_count() > 0; }
+
+// An undefined affine tensor travels as an empty one of x's dtype and device.
+Tensor or_empty(const Tensor& t, const Tensor& x) {
+  return t.defined() ? t : Tensor::zeros(Shape({0}), x.dtype(), x.device());
+}
+
+void check_float(const char* op, const Tensor& x) {
+  TAPER_CHECK(is_float(x.dtype()), op, ": needs a float input, got ", dtype_name(x.dtype()), " ",
+              x.shape().to_string());
+}
+
+void check_affine(const char* op, const char* what, const Tensor& p, const Tensor& x,
+                  size_t want) {
+  if (!present(p)) return;
+  TAPER_CHECK(p.rank() == 1 && p.dim(0) == want, op, ": ", what, " ", p.shape().to_string(),
+              " must be (", want, ") for input ", x.shape().to_string());
+  TAPER_CHECK(p.dtype() == x.dtype(), op, ": ", what, " dtype ", dtype_name(p.dtype()),
+              " differs from input dtype ", dtype_name(x.dtype()));
+  TAPER_CHECK(p.device() == x.device(), op, ": ", what, " on ", p.device().to_string(),
+              ", input on ", x.device().to_string());
+}
+
+void check_last_dim(const char* op, const Tensor& x) {
+  check_float(op, x);
+  TAPER_CHECK(x.rank() >= 1, op, ": needs rank >= 1, got ", x.shape().to_string());
+}
+
+void check_eps(const char* op, double eps) {
+  TAPER_CHECK(eps >= 0.0, op, ": eps must be >= 0, got ", eps);
+}
+
+}  // namespace
+
+Tensor softmax_last_dim(const Tensor& x) {
+  check_last_dim("softmax_last_dim", x);
+  return dispatch1(OpId::softmax_last_dim, {x});
+}
+
+Tensor log_softmax_last_dim(const Tensor& x) {
+  check_last_dim("log_softmax_last_dim", x);
+  return dispatch1(OpId::log_softmax_last_dim, {x});
+}
+
+Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) {
+  check_last_dim("rms_norm", x);
+  check_eps("rms_norm", eps);
+  check_affine("rms_norm", "weight", w, x, x.dim(-1));
+  OpAttrs a;
+  a.f0 = eps;
+  return dispatch1(OpId::rms_norm, {x, or_empty(w, x)}, a);
+}
+
+Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
+  check_last_dim("layer_norm", x);
+  check_eps("layer_norm", eps);
+  check_affine("layer_norm", "weight", w, x, x.dim(-1));
+  check_affine("layer_norm", "bias", b, x, x.dim(-1));
+  OpAttrs a;
+  a.f0 = eps;
+  return dispatch1(OpId::layer_norm, {x, or_empty(w, x), or_empty(b, x)}, a);
+}
+
+Tensor group_norm(const Tensor& x, size_t num_groups, const Tensor& w, const Tensor& b,
+                  double eps) {
+  check_float("group_norm", x);
+  check_eps("group_norm", eps);
+  TAPER_CHECK(x.rank() >= 2, "group_norm: needs (N, C, *) input, got ", x.shape().to_string());
+  TAPER_CHECK(num_groups > 0 && x.dim(1) % num_groups == 0, "group_norm: ", x.dim(1),
+              " channels of ", x.shape().to_string(), " do not split into ", num_groups,
+              " groups");
+  check_affine("group_norm", "weight", w, x, x.dim(1));
+  check_affine("group_norm", "bias", b, x, x.dim(1));
+  OpAttrs a;
+  a.f0 = eps;
+  a.i0 = static_cast<int64_t>(num_groups);
+  return dispatch1(OpId::group_norm, {x, or_empty(w, x), or_empty(b, x)}, a);
+}
+
+}  // namespace taper::ops

@@ -1,0 +1,139 @@
+// registry.cpp: the op table and the dispatcher.
+//
+// Dispatch order: the kernel for (op, device kind, dtype); else, for a fused op, its composed
+// form; else an Error naming the op, device, dtype and shapes. A graph edge is recorded only when
+// recording is on and an input tracks gradients.
+#include <sstream>
+
+#include "taper/autograd.h"
+#include "taper/op.h"
+
+namespace taper {
+namespace {
+
+constexpr std::string_view kOpNames[] = {
+#define TAPER_X(name, arity, nout, diff) #name,
+    TAPER_OPS(TAPER_X)
+#undef TAPER_X
+};
+static_assert(sizeof(kOpNames) / sizeof(kOpNames[0]) == kNumOps, "op name table out of sync");
+
+std::vector<OpDef>& table() {
+  static std::vector<OpDef>* t = [] {
+    auto* v = new std::vector<OpDef>();
+#define TAPER_X(name, arity, nout, diff) v->push_back(OpDef{#name, arity, nout, diff});
+    TAPER_OPS(TAPER_X)
+#undef TAPER_X
+    for (size_t i = 0; i < v->size(); ++i) (*v)[i].bwd = backward_rule(static_cast<OpId>(i));
+    return v;
+  }();
+  return *t;
+}
+
+thread_local std::vector<bool> t_composed_only(kNumOps, false);
+
+std::string describe_inputs(const std::vector<Tensor>& in) {
+  std::ostringstream os;
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (i) os << ", ";
+    if (!in[i].defined()) {
+      os << "undefined";
+      continue;
+    }
+    os << in[i].shape().to_string() << " " << dtype_name(in[i].dtype());
+  }
+  return os.str();
+}
+
+}  // namespace
+
+OpDef& op_def(OpId op) { return table()[static_cast<size_t>(op)]; }
+std::string_view op_name(OpId op) { return kOpNames[static_cast<size_t>(op)]; }
+
+void register_kernel(OpId op, DeviceKind kind, uint32_t dtypes, KernelFn fn,
+                     bool needs_contiguous) {
+  KernelSlot& s = op_def(op).kernels[static_cast<int>(kind)];
+  s.fn = fn;
+  s.dtypes = dtypes;
+  s.needs_contiguous = needs_contiguous;
+}
+
+void register_composed(OpId op, ComposedFn fn) { op_def(op).composed = fn; }
+
+bool has_kernel(OpId op, Device dev, DType dt) {
+  const KernelSlot& s = op_def(op).kernels[static_cast<int>(dev.kind())];
+  return s.fn != nullptr && (s.dtypes & dtype_bit(dt)) != 0;
+}
+
+namespace detail {
+// Makes `outs[0..n_out)` results of a new graph node over `in` (when recording applies) and
+// returns the user-visible outputs.
+std::vector<Tensor> record(OpId op, const std::vector<Tensor>& in, std::vector<Tensor> outs,
+                           const OpAttrs& attrs) {
+  const OpDef& d = op_def(op);
+  bool track = false;
+  if (d.differentiable && grad_enabled())
+    for (const Tensor& t : in)
+      if (t.defined() && t.tracks_grad()) track = true;
+  if (track) {
+    auto node = std::make_shared<Node>();
+    node->op = op;
+    node->attrs = attrs;
+    node->inputs = in;
+    node->outputs.reserve(outs.size());
+    for (const Tensor& o : outs) node->outputs.push_back(o.detach());
+    for (int i = 0; i < d.n_out; ++i) {
+      // Kernel outputs are fresh handles: give them the edge in place.
+      TensorImpl& impl = *outs[i].impl_ptr();
+      impl.grad_fn = node;
+      impl.out_index = static_cast<uint32_t>(i);
+    }
+  }
+  outs.resize(static_cast<size_t>(d.n_out));
+  return outs;
+}
+}  // namespace detail
+
+std::vector<Tensor> dispatch(OpId op, const std::vector<Tensor>& in, const OpAttrs& attrs) {
+  const OpDef& d = op_def(op);
+  TAPER_ASSERT(d.arity < 0 || static_cast<size_t>(d.arity) == in.size());
+  const Device dev = in.empty() ? attrs.device : in[0].device();
+  const DType dt = in.empty() ? attrs.dtype : in[0].dtype();
+  for (const Tensor& t : in)
+    TAPER_CHECK(t.device() == dev, d.name, ": inputs on different devices (", dev.to_string(),
+                " and ", t.device().to_string(), ")");
+  const KernelSlot& slot = d.kernels[static_cast<int>(dev.kind())];
+  const bool has = slot.fn != nullptr && (slot.dtypes & dtype_bit(dt)) != 0;
+  if (d.composed && (!has || t_composed_only[static_cast<size_t>(op)])) {
+    std::vector<Tensor> outs = d.composed(in, attrs);
+    outs.resize(static_cast<size_t>(d.n_out));
+    return outs;
+  }
+  TAPER_CHECK(has, d.name, ": no kernel for dtype ", dtype_name(dt), " on device ",
+              dev.to_string(), " (inputs: ", describe_inputs(in), ")");
+  std::vector<Tensor> outs;
+  if (slot.needs_contiguous) {
+    std::vector<Tensor> cin;
+    cin.reserve(in.size());
+    for (const Tensor& t : in) cin.push_back(t.is_contiguous() ? t : t.detach().contiguous());
+    outs = slot.fn(cin, attrs);
+  } else {
+    outs = slot.fn(in, attrs);
+  }
+  TAPER_ASSERT(outs.size() >= static_cast<size_t>(d.n_out));
+  return detail::record(op, in, std::move(outs), attrs);
+}
+
+Tensor dispatch1(OpId op, const std::vector<Tensor>& in, const OpAttrs& attrs) {
+  return dispatch(op, in, attrs)[0];
+}
+
+ComposedOnlyGuard::ComposedOnlyGuard() : saved_(t_composed_only) {
+  t_composed_only.assign(kNumOps, true);
+}
+ComposedOnlyGuard::ComposedOnlyGuard(std::vector<OpId> ops) : saved_(t_composed_only) {
+  for (OpId op : ops) t_composed_only[static_cast<size_t>(op)] = true;
+}
+ComposedOnlyGuard::~ComposedOnlyGuard() { t_composed_only = saved_; }
+
+}  // namespace taper

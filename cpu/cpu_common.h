@@ -1,0 +1,117 @@
+// cpu_common.h: what every CPU kernel family shares: the thread pool's parallel_for, strided
+// iteration over several operands, and output allocation.
+//
+// What it is not: SIMD code (each family's .cpp holds its Highway kernels; half-type SIMD
+// conversions live in simd_half-inl.h).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "taper/op.h"
+#include "taper/tensor.h"
+
+namespace taper::cpu {
+
+/// The type a kernel computes in for element type T: f32 for bf16/f16/f32, f64 for f64.
+template <class T> using compute_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+/// Threads used by parallel_for (and BLAS): TAPER_NUM_THREADS, else the hardware's count.
+size_t num_threads();
+/// Changes the thread count (also BLAS's).
+void set_num_threads(size_t n);
+
+namespace detail {
+using RangeFn = void (*)(void* ctx, size_t begin, size_t end);
+void parallel_for_impl(size_t n, size_t grain, RangeFn fn, void* ctx);
+}  // namespace detail
+
+/// Runs f(begin, end) over [0, n) split into at most num_threads() chunks of at least `grain`
+/// items; the calling thread takes a chunk. Runs inline when n <= grain or already inside a
+/// parallel region (no oversubscription).
+template <class F> void parallel_for(size_t n, size_t grain, F&& f) {
+  if (n == 0) return;
+  auto tramp = [](void* ctx, size_t b, size_t e) { (*static_cast<F*>(ctx))(b, e); };
+  detail::parallel_for_impl(n, grain < 1 ? 1 : grain, tramp, const_cast<void*>(static_cast<const void*>(&f)));
+}
+
+/// Iteration over the elements of `shape` for N operands with their own strides: dims are
+/// coalesced (adjacent dims that are dense for every operand merge), and the innermost dim is
+/// handed to the caller as a run of `inner` elements with per-operand inner strides.
+template <size_t N> struct StridedLoop {
+  std::vector<size_t> outer_dims;                   ///< coalesced dims except the innermost
+  std::array<std::vector<int64_t>, N> outer_strides;
+  size_t inner = 1;                                 ///< length of the innermost run
+  std::array<int64_t, N> inner_stride{};            ///< per operand
+  size_t outer_count = 1;                           ///< number of inner runs
+
+  StridedLoop(const Shape& shape, const std::array<const std::vector<int64_t>*, N>& strides);
+  /// Element offsets (relative to each operand's base) of the start of run `r`.
+  std::array<int64_t, N> offsets(size_t r) const;
+};
+
+template <size_t N>
+StridedLoop<N>::StridedLoop(const Shape& shape,
+                            const std::array<const std::vector<int64_t>*, N>& strides) {
+  // Drop size-1 dims, then merge dim i into i+1 when every operand has st[i] == st[i+1]*dim[i+1].
+  std::vector<size_t> dims;
+  std::array<std::vector<int64_t>, N> st;
+  for (size_t i = 0; i < shape.rank(); ++i) {
+    if (shape[i] == 1) continue;
+    dims.push_back(shape[i]);
+    for (size_t k = 0; k < N; ++k) st[k].push_back((*strides[k])[i]);
+  }
+  std::vector<size_t> cd;
+  std::array<std::vector<int64_t>, N> cs;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (!cd.empty()) {
+      bool merge = true;
+      for (size_t k = 0; k < N; ++k)
+        if (cs[k].back() != st[k][i] * static_cast<int64_t>(dims[i])) merge = false;
+      if (merge) {
+        cd.back() *= dims[i];
+        for (size_t k = 0; k < N; ++k) cs[k].back() = st[k][i];
+        continue;
+      }
+    }
+    cd.push_back(dims[i]);
+    for (size_t k = 0; k < N; ++k) cs[k].push_back(st[k][i]);
+  }
+  if (cd.empty()) {
+    inner = 1;
+    for (size_t k = 0; k < N; ++k) inner_stride[k] = 1;
+    return;
+  }
+  inner = cd.back();
+  for (size_t k = 0; k < N; ++k) inner_stride[k] = cs[k].back();
+  cd.pop_back();
+  for (size_t k = 0; k < N; ++k) {
+    cs[k].pop_back();
+    outer_strides[k] = cs[k];
+  }
+  outer_dims = cd;
+  for (size_t d : cd) outer_count *= d;
+}
+
+template <size_t N> std::array<int64_t, N> StridedLoop<N>::offsets(size_t r) const {
+  std::array<int64_t, N> off{};
+  for (size_t i = outer_dims.size(); i-- > 0;) {
+    const size_t idx = r % outer_dims[i];
+    r /= outer_dims[i];
+    for (size_t k = 0; k < N; ++k) off[k] += static_cast<int64_t>(idx) * outer_strides[k][i];
+  }
+  return off;
+}
+
+/// A new contiguous CPU tensor (uninitialised).
+inline Tensor new_output(const Shape& shape, DType dt) {
+  return Tensor::empty(shape, dt, Device::cpu());
+}
+
+/// Grain (elements) below which elementwise work is not worth splitting across threads.
+inline constexpr size_t kElemGrain = 1 << 15;
+
+}  // namespace taper::cpu

@@ -1,0 +1,179 @@
+// parallel.cpp: the CPU thread pool behind cpu::parallel_for, the thread setting shared with
+// OpenBLAS (TAPER_NUM_THREADS), and the CPU device backend (host memory).
+//
+// One job runs at a time: workers and the caller take chunks from an atomic counter. A call from
+// inside a chunk, or while another thread's job is running, runs inline, so threads never
+// oversubscribe the cores.
+#include <cblas.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "cpu/cpu_common.h"
+#include "taper/storage.h"
+
+namespace taper::cpu {
+namespace {
+
+thread_local bool t_in_parallel = false;
+
+size_t default_threads() {
+  if (const char* e = std::getenv("TAPER_NUM_THREADS")) {
+    const long v = std::strtol(e, nullptr, 10);
+    if (v > 0) return static_cast<size_t>(v);
+  }
+  const unsigned hc = std::thread::hardware_concurrency();
+  return hc ? hc : 1;
+}
+
+class Pool {
+ public:
+  Pool() { resize(default_threads()); }
+  ~Pool() { stop_workers(); }
+
+  size_t threads() const { return nthreads_; }
+
+  void resize(size_t n) {
+    std::lock_guard<std::mutex> job(job_mu_);
+    stop_workers();
+    nthreads_ = n < 1 ? 1 : n;
+    openblas_set_num_threads(static_cast<int>(nthreads_));
+    stop_ = false;
+    for (size_t i = 1; i < nthreads_; ++i) workers_.emplace_back([this] { worker_loop(); });
+  }
+
+  void run(size_t n, size_t grain, detail::RangeFn fn, void* ctx) {
+    size_t chunks = (n + grain - 1) / grain;
+    if (chunks > nthreads_) chunks = nthreads_;
+    std::unique_lock<std::mutex> job(job_mu_, std::try_to_lock);
+    if (chunks <= 1 || t_in_parallel || !job.owns_lock()) {
+      fn(ctx, 0, n);
+      return;
+    }
+    {
+      // A worker still inside work() for the previous job reads the job fields: wait it out.
+      std::unique_lock<std::mutex> g(mu_);
+      done_cv_.wait(g, [this] { return active_ == 0; });
+      fn_ = fn;
+      ctx_ = ctx;
+      n_ = n;
+      chunk_ = (n + chunks - 1) / chunks;
+      nchunks_ = (n + chunk_ - 1) / chunk_;
+      next_.store(0);
+      remaining_.store(nchunks_);
+      error_ = nullptr;
+      ++generation_;
+    }
+    cv_.notify_all();
+    work();
+    std::unique_lock<std::mutex> g(mu_);
+    done_cv_.wait(g, [this] { return remaining_.load() == 0 && active_ == 0; });
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  void work() {
+    t_in_parallel = true;
+    for (;;) {
+      const size_t c = next_.fetch_add(1);
+      if (c >= nchunks_) break;
+      const size_t b = c * chunk_;
+      const size_t e = b + chunk_ < n_ ? b + chunk_ : n_;
+      try {
+        fn_(ctx_, b, e);
+      } catch (...) {
+        std::lock_guard<std::mutex> g(mu_);
+        if (!error_) error_ = std::current_exception();
+      }
+      if (remaining_.fetch_sub(1) == 1) {
+        std::lock_guard<std::mutex> g(mu_);
+        done_cv_.notify_all();
+      }
+    }
+    t_in_parallel = false;
+  }
+
+  void worker_loop() {
+    uint64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> g(mu_);
+        cv_.wait(g, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        ++active_;
+      }
+      work();
+      std::lock_guard<std::mutex> g(mu_);
+      if (--active_ == 0) done_cv_.notify_all();
+    }
+  }
+
+  void stop_workers() {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& w : workers_) w.join();
+    workers_.clear();
+  }
+
+  std::mutex job_mu_;  // one job at a time
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  std::vector<std::thread> workers_;
+  size_t nthreads_ = 1;
+  bool stop_ = false;
+  uint64_t generation_ = 0;
+  size_t active_ = 0;  // workers inside work(), guarded by mu_
+  detail::RangeFn fn_ = nullptr;
+  void* ctx_ = nullptr;
+  size_t n_ = 0, chunk_ = 1, nchunks_ = 0;
+  std::atomic<size_t> next_{0}, remaining_{0};
+  std::exception_ptr error_;
+};
+
+Pool& pool() {
+  static Pool* p = new Pool();  // never destroyed: workers may outlive static destructors
+  return *p;
+}
+
+// The CPU backend: host memory through the caching allocator.
+class CpuBackend final : public DeviceBackend {
+ public:
+  void* allocate(Device, size_t nbytes) override { return host_alloc(nbytes); }
+  void deallocate(Device, void* p, size_t nbytes) override { host_free(p, nbytes); }
+  void copy_from_host(Device, void* dst, const void* src, size_t n) override {
+    std::memcpy(dst, src, n);
+  }
+  void copy_to_host(Device, void* dst, const void* src, size_t n) override {
+    std::memcpy(dst, src, n);
+  }
+  void synchronize(Device) override {}
+};
+
+struct Registrar {
+  Registrar() {
+    static CpuBackend backend;
+    register_device_backend(DeviceKind::Cpu, &backend);
+  }
+} registrar;
+
+}  // namespace
+
+size_t num_threads() { return pool().threads(); }
+void set_num_threads(size_t n) { pool().resize(n); }
+
+namespace detail {
+void parallel_for_impl(size_t n, size_t grain, RangeFn fn, void* ctx) {
+  pool().run(n, grain, fn, ctx);
+}
+}  // namespace detail
+
+}  // namespace taper::cpu

@@ -1,0 +1,264 @@
+// test_core.cpp: shapes and views, the registry (coverage, capability, errors), autograd
+// (fan-in, detach, no-grad, a 100 000-op chain, graph release), storage, and printing.
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "tests/test_util.h"
+
+namespace taper::testing {
+namespace {
+
+Tensor f64(std::vector<double> v, const Shape& s) { return Tensor::from_vector(v, s); }
+
+template <class F> std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+// ---- views --------------------------------------------------------------------------------------
+
+TEST(Views, TransposeNarrowBroadcastShareStorage) {
+  Tensor x = Tensor::arange(0, 12, 1, DType::F32).reshape({3, 4});
+  Tensor t = x.t();
+  EXPECT_EQ(t.dims(), (std::vector<size_t>{4, 3}));
+  EXPECT_FALSE(t.is_contiguous());
+  EXPECT_EQ(t.storage(), x.storage());
+  EXPECT_EQ(t.to_vector<float>(),
+            (std::vector<float>{0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11}));
+  Tensor n = x.narrow(1, 1, 2);
+  EXPECT_EQ(n.to_vector<float>(), (std::vector<float>{1, 2, 5, 6, 9, 10}));
+  Tensor b = x.narrow(0, 1, 1).broadcast_as({2, 3, 4});
+  EXPECT_EQ(b.strides()[0], 0);
+  EXPECT_EQ(b.to_vector<float>()[13], 5.0f);
+  EXPECT_EQ(x.unsqueeze(1).dims(), (std::vector<size_t>{3, 1, 4}));
+  EXPECT_EQ(x.unsqueeze(-1).squeeze(2).dims(), (std::vector<size_t>{3, 4}));
+}
+
+TEST(Views, ReshapeIsAViewWhenStridesAllowElseACopy) {
+  Tensor x = Tensor::arange(0, 24, 1, DType::F32).reshape({2, 3, 4});
+  EXPECT_EQ(x.reshape({6, 4}).storage(), x.storage());
+  Tensor p = x.permute({1, 0, 2});  // (3, 2, 4): merging dims 0,1 needs a copy
+  Tensor r = p.reshape({6, 4});
+  EXPECT_NE(r.storage(), x.storage());
+  EXPECT_EQ(r.to_vector<float>(), p.contiguous().to_vector<float>());
+  Tensor q = p.reshape({3, 8});  // dims 1,2 of p are dense together: a view
+  EXPECT_EQ(q.storage(), x.storage());
+  EXPECT_EQ(q.to_vector<float>(), p.contiguous().reshape({3, 8}).to_vector<float>());
+}
+
+TEST(Views, ErrorsNameTheOpAndShapes) {
+  Tensor x = Tensor::zeros({3, 4}, DType::F32);
+  EXPECT_NE(error_of([&] { x.reshape({5}); }).find("reshape"), std::string::npos);
+  EXPECT_NE(error_of([&] { x.reshape({5}); }).find("(3, 4)"), std::string::npos);
+  EXPECT_NE(error_of([&] { x.narrow(1, 3, 2); }).find("narrow"), std::string::npos);
+  EXPECT_NE(error_of([&] { x.transpose(0, 2); }).find("dim 2 out of range"), std::string::npos);
+  EXPECT_NE(error_of([&] { x.permute({0, 0}); }).find("permute"), std::string::npos);
+  EXPECT_NE(error_of([&] { x.broadcast_as({2, 4}); }).find("broadcast_as"), std::string::npos);
+  EXPECT_NE(error_of([&] { x.squeeze(0); }).find("squeeze"), std::string::npos);
+}
+
+// ---- errors of ops ------------------------------------------------------------------------------
+
+TEST(Errors, MismatchesGiveTaperErrorsNamingOpShapesAndDTypes) {
+  Tensor a = Tensor::ones({2, 3}, DType::F32);
+  Tensor b = Tensor::ones({4, 3}, DType::F32);
+  Tensor c = Tensor::ones({2, 3}, DType::F64);
+  std::string e = error_of([&] { a + b; });
+  EXPECT_NE(e.find("add"), std::string::npos) << e;
+  EXPECT_NE(e.find("(2, 3)"), std::string::npos) << e;
+  EXPECT_NE(e.find("(4, 3)"), std::string::npos) << e;
+  e = error_of([&] { a * c; });
+  EXPECT_NE(e.find("mul"), std::string::npos) << e;
+  EXPECT_NE(e.find("f32"), std::string::npos) << e;
+  EXPECT_NE(e.find("f64"), std::string::npos) << e;
+  e = error_of([&] { a.matmul(a); });
+  EXPECT_NE(e.find("matmul: inner dims differ: (2, 3) x (2, 3)"), std::string::npos) << e;
+  e = error_of([&] { a.sum({2}); });
+  EXPECT_NE(e.find("sum"), std::string::npos) << e;
+  Tensor idx = Tensor::from_vector(std::vector<int64_t>{0, 5}, {2});
+  e = error_of([&] { a.index_select(idx, 1); });
+  EXPECT_NE(e.find("index_select: index 5 is out of range for dim 1 of size 3"),
+            std::string::npos)
+      << e;
+  e = error_of([&] { Tensor::from_vector(std::vector<float>{1, 2, 3}, {2, 2}); });
+  EXPECT_NE(e.find("(2, 2)"), std::string::npos) << e;
+  e = error_of([&] { Tensor::ones({2}, DType::U8).exp(); });
+  EXPECT_NE(e.find("exp: no kernel for dtype u8 on device cpu"), std::string::npos) << e;
+  e = error_of([&] { ops::layer_norm(a, Tensor::ones({4}, DType::F32), Tensor(), 1e-5); });
+  EXPECT_NE(e.find("layer_norm: weight (4) must be (3)"), std::string::npos) << e;
+  e = error_of([&] { ops::group_norm(Tensor::ones({2, 6, 4}, DType::F32), 4, {}, {}, 1e-5); });
+  EXPECT_NE(e.find("group_norm"), std::string::npos) << e;
+  e = error_of([&] { Tensor::ones({2}, DType::F32).to_device(Device::cuda(0)).exp(); });
+  EXPECT_NE(e.find("cuda"), std::string::npos) << e;
+}
+
+// ---- registry -----------------------------------------------------------------------------------
+
+TEST(Registry, EveryEntryHasAForwardAndAGradientCase) {
+  const auto& fwd = covered(CaseKind::Forward);
+  const auto& grad = covered(CaseKind::Gradient);
+  for (size_t i = 0; i < kNumOps; ++i) {
+    const OpDef& d = op_def(static_cast<OpId>(i));
+    EXPECT_TRUE(fwd[i]) << "op " << d.name << " has no forward test case";
+    if (d.differentiable) EXPECT_TRUE(grad[i]) << "op " << d.name << " has no gradient case";
+  }
+}
+
+TEST(Registry, DifferentiableIffBackwardRule) {
+  for (size_t i = 0; i < kNumOps; ++i) {
+    const OpDef& d = op_def(static_cast<OpId>(i));
+    EXPECT_EQ(d.differentiable, d.bwd != nullptr) << d.name;
+  }
+}
+
+TEST(Registry, EveryNonViewOpHasACpuKernel) {
+  for (size_t i = 0; i < kNumOps; ++i) {
+    const OpId op = static_cast<OpId>(i);
+    if (op == OpId::reshape || op == OpId::permute || op == OpId::narrow ||
+        op == OpId::broadcast_as)
+      continue;
+    EXPECT_NE(op_def(op).kernels[0].fn, nullptr) << op_name(op) << " has no CPU kernel";
+  }
+}
+
+TEST(Registry, CapabilityQuery) {
+  EXPECT_TRUE(has_kernel(OpId::add, Device::cpu(), DType::F32));
+  EXPECT_FALSE(has_kernel(OpId::exp, Device::cpu(), DType::U8));
+  EXPECT_FALSE(has_kernel(OpId::add, Device::cuda(0), DType::F32) && !device_available(DeviceKind::Cuda));
+}
+
+// ---- autograd -----------------------------------------------------------------------------------
+
+TEST(Autograd, FanInAccumulates) {
+  Var x = Var::from_tensor(f64({1, 2, 3}, {3}));
+  Tensor y = x * x + x * 3.0 + x;  // dy/dx = 2x + 4
+  GradStore g = y.sum_all().backward();
+  ASSERT_TRUE(g.get(x));
+  EXPECT_EQ(g.get(x)->to_vector<double>(), (std::vector<double>{6, 8, 10}));
+}
+
+TEST(Autograd, GradientsReachEveryLeaf) {
+  Var a = Var::from_tensor(f64({1, 2}, {2}));
+  Var b = Var::from_tensor(f64({3, 4}, {2}));
+  Var c = Var::from_tensor(f64({5}, {1}));
+  GradStore g = ((a * b).sum_all() + c.sum_all() * 2.0).backward();
+  ASSERT_EQ(g.size(), 3u);
+  EXPECT_EQ(g.get(a)->to_vector<double>(), (std::vector<double>{3, 4}));
+  EXPECT_EQ(g.get(b)->to_vector<double>(), (std::vector<double>{1, 2}));
+  EXPECT_EQ(g.get(c)->to_vector<double>(), (std::vector<double>{2}));
+}
+
+TEST(Autograd, DetachAndNoGradStopRecording) {
+  Var x = Var::from_tensor(f64({1, 2}, {2}));
+  Tensor d = x.detach();
+  EXPECT_FALSE(d.tracks_grad());
+  EXPECT_FALSE((d * 2.0).tracks_grad());
+  {
+    NoGradGuard ng;
+    EXPECT_FALSE((x * 2.0).tracks_grad());
+  }
+  EXPECT_TRUE((x * 2.0).tracks_grad());
+  GradStore g = ((x * d).sum_all()).backward();
+  EXPECT_EQ(g.get(x)->to_vector<double>(), (std::vector<double>{1, 2}));
+  EXPECT_FALSE(g.get(d));
+}
+
+TEST(Autograd, NoEdgeWithoutTrackingInputs) {
+  Tensor x = f64({1, 2}, {2});
+  Tensor y = x.exp() * 2.0;
+  EXPECT_FALSE(y.tracks_grad());
+  EXPECT_EQ(y.impl_ptr()->grad_fn, nullptr);
+}
+
+TEST(Autograd, LongChainDoesNotOverflowTheStack) {
+  Var x = Var::from_tensor(f64({0.5}, {1}));
+  Tensor y = x;
+  for (int i = 0; i < 100000; ++i) y = y * 1.0;
+  GradStore g = y.sum_all().backward();
+  EXPECT_EQ(g.get(x)->item(), 1.0);
+  // And dropping an un-backpropagated chain of the same length is fine too.
+  Tensor z = x;
+  for (int i = 0; i < 100000; ++i) z = z + 0.0;
+  z = Tensor();
+}
+
+TEST(Autograd, GraphIsReleasedAfterBackward) {
+  Var x = Var::from_tensor(f64({1, 2}, {2}));
+  Tensor big = x.broadcast_as({1000, 2}).exp();
+  std::weak_ptr<Storage> saved = big.storage();
+  Tensor loss = big.sum_all();
+  big = Tensor();
+  EXPECT_FALSE(saved.expired());  // the graph holds exp's output for its backward
+  GradStore g = loss.backward();
+  EXPECT_TRUE(saved.expired());
+  EXPECT_NE(error_of([&] { loss.backward(); }).find("already released"), std::string::npos);
+}
+
+TEST(Autograd, VarSetKeepsIdentity) {
+  Var x = Var::from_tensor(f64({1, 2}, {2}));
+  const uint64_t id = x.id();
+  x.set(f64({5, 6}, {2}));
+  EXPECT_EQ(x.id(), id);
+  EXPECT_EQ(x.to_vector<double>(), (std::vector<double>{5, 6}));
+  EXPECT_THROW(x.set(f64({1, 2, 3}, {3})), Error);
+}
+
+TEST(Autograd, FusedOpsPassGradientToEveryInput) {
+  for (bool composed : {false, true}) {
+    Var x = Var::from_tensor(random_tensor({4, 8}, DType::F32, 1));
+    Var w = Var::from_tensor(random_tensor({8}, DType::F32, 2));
+    Var b = Var::from_tensor(random_tensor({8}, DType::F32, 3));
+    Var xg = Var::from_tensor(random_tensor({2, 4, 3}, DType::F32, 4));
+    Var wg = Var::from_tensor(random_tensor({4}, DType::F32, 5));
+    Var bg = Var::from_tensor(random_tensor({4}, DType::F32, 6));
+    std::optional<ComposedOnlyGuard> guard;
+    if (composed) guard.emplace();
+    Tensor loss = ops::softmax_last_dim(x).sqr().sum_all() +
+                  ops::log_softmax_last_dim(x).sqr().sum_all() +
+                  ops::rms_norm(x, w, 1e-5).sqr().sum_all() +
+                  ops::layer_norm(x, w, b, 1e-5).sqr().sum_all() +
+                  ops::group_norm(xg, 2, wg, bg, 1e-5).sqr().sum_all();
+    GradStore g = loss.backward();
+    for (const Tensor* t : {&x, &w, &b, &xg, &wg, &bg}) {
+      auto gt = g.get(*t);
+      ASSERT_TRUE(gt) << "composed=" << composed;
+      double n = gt->sqr().sum_all().item();
+      EXPECT_GT(n, 0.0) << "composed=" << composed;
+    }
+  }
+}
+
+// ---- storage and printing -----------------------------------------------------------------------
+
+TEST(Storage, CacheReusesFreedBlocks) {
+  if (std::getenv("TAPER_NO_ALLOC_CACHE")) GTEST_SKIP() << "cache disabled for leak checking";
+  void* p = nullptr;
+  {
+    Tensor t = Tensor::empty({1 << 20}, DType::F32, Device::cpu());
+    p = t.data_ptr();
+  }
+  EXPECT_GE(host_cache_bytes(), (1u << 22));
+  Tensor u = Tensor::empty({1 << 20}, DType::F32, Device::cpu());
+  EXPECT_EQ(u.data_ptr(), p);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(u.data_ptr()) % 64, 0u);
+}
+
+TEST(Print, ShowsShapeDTypeDeviceAndValues) {
+  std::ostringstream os;
+  os << Tensor::arange(0, 6, 1, DType::F32).reshape({2, 3});
+  EXPECT_EQ(os.str(), "Tensor[shape=(2, 3), dtype=f32, device=cpu]\n[[0, 1, 2],\n [3, 4, 5]]");
+  std::ostringstream big;
+  big << Tensor::zeros({100, 100}, DType::BF16);
+  EXPECT_NE(big.str().find("..."), std::string::npos);
+  EXPECT_LT(big.str().size(), 400u);
+}
+
+TAPER_COVERS(Forward, OpId::reshape, OpId::permute, OpId::narrow, OpId::broadcast_as);
+
+}  // namespace
+}  // namespace taper::testing

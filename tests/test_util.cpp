@@ -1,0 +1,156 @@
+// test_util.cpp: implementation of the shared test helpers (test_util.h).
+#include "tests/test_util.h"
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <sstream>
+
+namespace taper::testing {
+
+Tensor random_tensor(const Shape& s, DType dt, uint64_t seed, double lo, double hi) {
+  std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + 12345);
+  std::uniform_real_distribution<double> u(lo, hi);
+  std::vector<double> v(s.elem_count());
+  for (double& x : v) x = u(rng);
+  if (!is_float(dt))
+    for (double& x : v) x = std::floor(std::abs(x));
+  return Tensor::from_vector(v, s).to_dtype(dt);
+}
+
+Tensor with_layout(const Tensor& t, LayoutKind k) {
+  NoGradGuard ng;
+  switch (k) {
+    case LayoutKind::Contiguous:
+      return t.contiguous();
+    case LayoutKind::Transposed:
+      if (t.rank() >= 2) return t.transpose(-1, -2).contiguous().transpose(-1, -2);
+      [[fallthrough]];
+    case LayoutKind::Narrowed: {
+      if (t.rank() == 0) return t;
+      // t sits at offset 1 of a last dim padded with 7s on both sides.
+      std::vector<size_t> pad1 = t.dims(), pad2 = t.dims();
+      pad1.back() = 1;
+      pad2.back() = 2;
+      Tensor big = Tensor::cat({Tensor::full(Shape(pad1), 7.0, t.dtype(), t.device()), t.contiguous(),
+                         Tensor::full(Shape(pad2), 7.0, t.dtype(), t.device())},
+                        -1);
+      return big.narrow(-1, 1, t.dims().back());
+    }
+    case LayoutKind::Broadcast: {
+      if (t.rank() == 0) return t;
+      return t.narrow(0, 0, 1).contiguous().broadcast_as(t.shape());
+    }
+  }
+  return t;
+}
+
+std::vector<double> values(const Tensor& t) { return t.to_vector<double>(); }
+
+double unit_roundoff(DType dt) {
+  switch (dt) {
+    case DType::BF16: return std::ldexp(1.0, -8);
+    case DType::F16: return std::ldexp(1.0, -11);
+    case DType::F32: return std::ldexp(1.0, -24);
+    case DType::F64: return std::ldexp(1.0, -53);
+    default: return 0.0;
+  }
+}
+
+::testing::AssertionResult all_close(const std::vector<double>& got,
+                                     const std::vector<double>& ref, double rtol, double atol) {
+  if (got.size() != ref.size())
+    return ::testing::AssertionFailure() << "size " << got.size() << " vs " << ref.size();
+  double worst = 0.0;
+  size_t worst_i = 0, bad = 0, first_bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double g = got[i], r = ref[i];
+    bool ok;
+    if (std::isnan(r) || std::isnan(g))
+      ok = std::isnan(r) && std::isnan(g);
+    else if (std::isinf(r) || std::isinf(g))
+      ok = g == r;
+    else
+      ok = std::abs(g - r) <= atol + rtol * std::abs(r);
+    const double err = (std::isfinite(g) && std::isfinite(r))
+                           ? std::abs(g - r) / (atol + rtol * std::abs(r) + 1e-300)
+                           : (ok ? 0.0 : std::numeric_limits<double>::infinity());
+    if (err > worst) {
+      worst = err;
+      worst_i = i;
+    }
+    if (!ok && bad++ == 0) first_bad = i;
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << bad << " of " << got.size() << " elements differ; first at " << first_bad << ": got "
+         << got[first_bad] << " want " << ref[first_bad] << "; worst at " << worst_i << ": got "
+         << got[worst_i] << " want " << ref[worst_i] << " (" << worst
+         << "x the bound, rtol=" << rtol << " atol=" << atol << ")";
+}
+
+::testing::AssertionResult grad_check(
+    const std::function<Tensor(const std::vector<Tensor>&)>& f, const std::vector<Tensor>& inputs,
+    double tol, double step) {
+  std::vector<Tensor> base;
+  for (const Tensor& t : inputs) base.push_back(t.to_dtype(DType::F64).contiguous().detach());
+  // Fixed random projection so every output element matters.
+  Tensor probe;
+  {
+    NoGradGuard ng;
+    Tensor y = f(base);
+    probe = random_tensor(y.shape(), DType::F64, 4242, -1.0, 1.0);
+  }
+  auto scalar_of = [&](const std::vector<Tensor>& xs) {
+    NoGradGuard ng;
+    return (f(xs) * probe).sum_all().item();
+  };
+  std::vector<Tensor> vars;
+  for (const Tensor& t : base)
+    vars.push_back(is_float(t.dtype()) ? Tensor(Var::from_tensor(t)) : t);
+  GradStore gs = (f(vars) * probe).sum_all().backward();
+  for (size_t k = 0; k < base.size(); ++k) {
+    if (!is_float(base[k].dtype()) || base[k].elem_count() == 0) continue;
+    auto g = gs.get(vars[k]);
+    if (!g) return ::testing::AssertionFailure() << "no gradient reached input " << k;
+    if (g->shape() != base[k].shape())
+      return ::testing::AssertionFailure() << "gradient of input " << k << " has shape "
+                                           << g->shape().to_string();
+    const std::vector<double> analytic = g->to_vector<double>();
+    std::vector<double> x = base[k].to_vector<double>();
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double h = step * std::max(1.0, std::abs(x[i]));
+      auto at = [&](double delta) {
+        std::vector<double> xv = x;
+        xv[i] += delta;
+        std::vector<Tensor> xs = base;
+        xs[k] = Tensor::from_vector(xv, base[k].shape());
+        return scalar_of(xs);
+      };
+      // 4-point stencil: error O(h^4).
+      const double num = (-at(2 * h) + 8 * at(h) - 8 * at(-h) + at(-2 * h)) / (12 * h);
+      const double err = std::abs(num - analytic[i]);
+      if (err > tol * std::max(1.0, std::abs(num)))
+        return ::testing::AssertionFailure()
+               << "input " << k << " element " << i << ": analytic " << analytic[i]
+               << " numeric " << num << " (diff " << err << ")";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace taper::testing
+
+namespace taper::testing {
+namespace {
+std::vector<bool>& table(CaseKind k) {
+  static std::vector<bool> f(kNumOps, false), g(kNumOps, false);
+  return k == CaseKind::Forward ? f : g;
+}
+}  // namespace
+bool note_cases(CaseKind kind, std::initializer_list<OpId> ops) {
+  for (OpId op : ops) table(kind)[static_cast<size_t>(op)] = true;
+  return true;
+}
+const std::vector<bool>& covered(CaseKind kind) { return table(kind); }
+}  // namespace taper::testing

@@ -1,0 +1,72 @@
+// test_util.h: shared helpers of the test suite: random inputs, layout variants of the same
+// values, tolerances per dtype, closeness checks, and the f64 central-difference gradient check.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "taper/taper.h"
+
+namespace taper::testing {
+
+/// Deterministic random CPU tensor, uniform in [lo, hi), rounded to `dt`.
+Tensor random_tensor(const Shape& s, DType dt, uint64_t seed, double lo = -2.0, double hi = 2.0);
+
+/// Ways to hold the same values with different strides.
+enum class LayoutKind { Contiguous, Transposed, Narrowed, Broadcast };
+inline const char* layout_name(LayoutKind k) {
+  switch (k) {
+    case LayoutKind::Contiguous: return "contiguous";
+    case LayoutKind::Transposed: return "transposed";
+    case LayoutKind::Narrowed: return "narrowed";
+    case LayoutKind::Broadcast: return "broadcast";
+  }
+  return "?";
+}
+inline constexpr LayoutKind kAllLayouts[] = {LayoutKind::Contiguous, LayoutKind::Transposed,
+                                             LayoutKind::Narrowed, LayoutKind::Broadcast};
+
+/// A tensor with the same shape as `t` but a non-contiguous layout of kind `k`:
+/// Transposed: a transposed view of a contiguous copy of t transposed (rank >= 2; rank 1 falls
+/// back to Narrowed). Narrowed: a narrow of a wider tensor (last dim padded by 3).
+/// Broadcast: t's first row broadcast along dim 0 (values differ from t: it is a broadcast of
+/// t.narrow(0, 0, 1)). Values equal t's for every kind but Broadcast.
+Tensor with_layout(const Tensor& t, LayoutKind k);
+
+/// All elements as double (row-major).
+std::vector<double> values(const Tensor& t);
+
+/// The unit roundoff of a float dtype: bf16 2^-8, f16 2^-11, f32 2^-24, f64 2^-53.
+double unit_roundoff(DType dt);
+
+/// Passes when |got-ref| <= atol + rtol*|ref| elementwise (NaN matches NaN, inf matches inf of the
+/// same sign); the message names the first failing index and the worst error.
+::testing::AssertionResult all_close(const std::vector<double>& got,
+                                     const std::vector<double>& ref, double rtol, double atol);
+
+/// Central-difference gradient check in f64 (4-point stencil): `f` maps the inputs to a tensor;
+/// the scalar checked is sum(f(inputs) * r) for a fixed random r. Every input that should get a
+/// gradient is made a Var inside. Passes when analytic and numeric agree to `tol` relative.
+::testing::AssertionResult grad_check(
+    const std::function<Tensor(const std::vector<Tensor>&)>& f, const std::vector<Tensor>& inputs,
+    double tol = 1e-6, double step = 1e-4);
+
+}  // namespace taper::testing
+
+namespace taper::testing {
+/// Coverage bookkeeping: test files declare, at load time, which ops their forward and gradient
+/// cases exercise; the coverage test fails for any registry entry with no case.
+enum class CaseKind { Forward, Gradient };
+bool note_cases(CaseKind kind, std::initializer_list<OpId> ops);
+const std::vector<bool>& covered(CaseKind kind);
+}  // namespace taper::testing
+
+#define TAPER_TEST_CAT2(a, b) a##b
+#define TAPER_TEST_CAT(a, b) TAPER_TEST_CAT2(a, b)
+/// Declares that this file's tests cover the forward (kind Forward) or gradient of these ops.
+#define TAPER_COVERS(kind, ...)                                                       \
+  static const bool TAPER_TEST_CAT(taper_covers_, __LINE__) = ::taper::testing::note_cases( \
+      ::taper::testing::CaseKind::kind, {__VA_ARGS__})
