@@ -2,13 +2,14 @@
 //
 // What it is: `DType`, one traits table (`dtype_info`), and `bf16`/`f16` whose conversion from f32
 // rounds to nearest-even (NaN stays NaN, overflow gives inf, subnormals exact).
-// What it is not: SIMD conversion (see cpu/simd_half.h, which must round identically).
+// What it is not: SIMD conversion (see cpu/simd_half-inl.h, which rounds identically).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string_view>
+#include <type_traits>
 
 namespace taper {
 
@@ -108,12 +109,28 @@ inline float f16_bits_to_f32(uint16_t h) {
   return f32_from_bits(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 
+/// f64 -> f32 rounded to odd: an inexact value takes the neighbour whose last mantissa bit is 1,
+/// so a later rounding to a format with >= 2 fewer bits equals rounding the f64 value directly.
+inline float f64_to_f32_round_odd(double d) {
+  const float f = static_cast<float>(d);
+  if (d != d || static_cast<double>(f) == d) return f;
+  const double fmax = 3.4028234663852886e38;
+  if (d > fmax || d < -fmax) {
+    if (d - d != 0.0) return f;  // inf
+    return d > 0 ? static_cast<float>(fmax) : -static_cast<float>(fmax);
+  }
+  uint32_t u = f32_bits(f);
+  if ((f < 0 ? -static_cast<double>(f) : static_cast<double>(f)) > (d < 0 ? -d : d)) --u;
+  return f32_from_bits(u | 1u);
+}
+
 /// bfloat16 storage type. Arithmetic is done by converting to float.
 struct bf16 {
   uint16_t bits = 0;
   bf16() = default;
   explicit bf16(float f) : bits(f32_to_bf16_bits(f)) {}
-  explicit bf16(double d) : bf16(static_cast<float>(d)) {}
+  /// Rounds the f64 value once (not through a rounded f32).
+  explicit bf16(double d) : bits(f32_to_bf16_bits(f64_to_f32_round_odd(d))) {}
   static bf16 from_bits(uint16_t b) {
     bf16 r;
     r.bits = b;
@@ -128,7 +145,8 @@ struct f16 {
   uint16_t bits = 0;
   f16() = default;
   explicit f16(float f) : bits(f32_to_f16_bits(f)) {}
-  explicit f16(double d) : f16(static_cast<float>(d)) {}
+  /// Rounds the f64 value once (not through a rounded f32).
+  explicit f16(double d) : bits(f32_to_f16_bits(f64_to_f32_round_odd(d))) {}
   static f16 from_bits(uint16_t b) {
     f16 r;
     r.bits = b;
@@ -163,13 +181,12 @@ template <class F> decltype(auto) visit_dtype(DType dt, F&& f) {
   return f(double{});
 }
 
-/// Converts any element type to double / from double (integer targets truncate toward zero,
-/// half targets round to nearest-even through f32 except that f64->half rounds the f64 value
-/// correctly first to f32; see to_dtype kernels for the exact contract).
+/// Converts any element type to double / from double (integer targets truncate toward zero;
+/// half targets round the f64 value once to nearest-even).
 template <class T> inline double to_f64(T v) { return static_cast<double>(v); }
 template <class T> inline T from_f64(double v) {
   if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>) {
-    return T(static_cast<float>(v));
+    return T(v);
   } else {
     return static_cast<T>(v);
   }

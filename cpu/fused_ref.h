@@ -1,0 +1,287 @@
+// fused_ref.h: scalar f64 references of the fused ops (softmax, log-softmax, rms_norm, layer_norm,
+// group_norm), forward and backward, on std::vector<double>.
+//
+// What it is: the plain maths the Highway kernels (cpu/softmax.cpp, cpu/norm.cpp) and the composed
+// forms (metal_fallback/composed.cpp) are checked against; header-only, one straightforward loop
+// per formula, accumulating in double (two-pass variance, never E[x^2] - E[x]^2).
+// What it is not: fast, or a kernel: nothing here is registered or dispatched.
+//
+// Shape letters: R rows of D elements (softmax, rms_norm, layer_norm: x is (R, D) row-major);
+// group norm x is (N, C, S) with S the product of the spatial dims and G groups of C/G channels.
+// An empty w or b vector means "no affine" (w = 1, b = 0).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <vector>
+
+namespace taper::ref {
+
+/// Forward outputs of a norm: y and the per-row (per-group) statistics. rms_norm leaves mean
+/// empty.
+struct NormFwd {
+  std::vector<double> y, mean, rstd;
+};
+
+/// Gradients of a norm with respect to x, w and b (dw/db empty when there is no affine).
+struct NormBwd {
+  std::vector<double> dx, dw, db;
+};
+
+/// A compensated (Kahan-Babuska-Neumaier) sum: error about one ulp of the result whatever the
+/// number of terms, so the reference stays far more accurate than the kernels' f64 sums of
+/// 10^5 terms (a plain double sum of 262144 positive terms is off by ~200 ulp).
+struct Sum {
+  double s = 0, c = 0;
+  void add(double v) {
+    const double t = s + v;
+    c += std::abs(s) >= std::abs(v) ? (s - t) + v : (v - t) + s;
+    s = t;
+  }
+  double value() const { return s + c; }
+};
+
+// ---- softmax / log-softmax --------------------------------------------------------------------
+
+namespace detail {
+/// The row's max, or NaN when the softmax of the row is NaN everywhere: a NaN in the row, an
+/// all -inf row (-inf - -inf is NaN, as in PyTorch), or a +inf in the row (inf - inf).
+inline double softmax_row_max(const double* x, size_t D) {
+  double m = -std::numeric_limits<double>::infinity();
+  for (size_t i = 0; i < D; ++i) {
+    if (std::isnan(x[i])) return std::numeric_limits<double>::quiet_NaN();
+    m = std::max(m, x[i]);
+  }
+  return std::isfinite(m) ? m : std::numeric_limits<double>::quiet_NaN();
+}
+}  // namespace detail
+
+/// y = exp(x - max) / sum exp(x - max) per row. x: (R, D)
+inline std::vector<double> softmax_fwd(const std::vector<double>& x, size_t D) {
+  std::vector<double> y(x.size());
+  const size_t R = D ? x.size() / D : 0;
+  for (size_t r = 0; r < R; ++r) {
+    const double* xr = &x[r * D];
+    double* yr = &y[r * D];
+    const double m = detail::softmax_row_max(xr, D);
+    Sum acc;
+    for (size_t i = 0; i < D; ++i) acc.add(std::exp(xr[i] - m));
+    const double s = acc.value();
+    for (size_t i = 0; i < D; ++i) yr[i] = std::exp(xr[i] - m) / s;
+  }
+  return y;
+}
+
+/// y = x - max - log(sum exp(x - max)) per row. x: (R, D)
+inline std::vector<double> log_softmax_fwd(const std::vector<double>& x, size_t D) {
+  std::vector<double> y(x.size());
+  const size_t R = D ? x.size() / D : 0;
+  for (size_t r = 0; r < R; ++r) {
+    const double* xr = &x[r * D];
+    double* yr = &y[r * D];
+    const double m = detail::softmax_row_max(xr, D);
+    Sum acc;
+    for (size_t i = 0; i < D; ++i) acc.add(std::exp(xr[i] - m));
+    const double lse = std::log(acc.value());
+    for (size_t i = 0; i < D; ++i) yr[i] = (xr[i] - m) - lse;
+  }
+  return y;
+}
+
+/// dx = y * (dy - sum(dy * y)) per row, y the softmax output. y, dy: (R, D)
+inline std::vector<double> softmax_bwd(const std::vector<double>& y, const std::vector<double>& dy,
+                                       size_t D) {
+  std::vector<double> dx(y.size());
+  const size_t R = D ? y.size() / D : 0;
+  for (size_t r = 0; r < R; ++r) {
+    Sum acc;
+    for (size_t i = 0; i < D; ++i) acc.add(dy[r * D + i] * y[r * D + i]);
+    const double dot = acc.value();
+    for (size_t i = 0; i < D; ++i) dx[r * D + i] = y[r * D + i] * (dy[r * D + i] - dot);
+  }
+  return dx;
+}
+
+/// dx = dy - exp(y) * sum(dy) per row, y the log-softmax output. y, dy: (R, D)
+inline std::vector<double> log_softmax_bwd(const std::vector<double>& y,
+                                           const std::vector<double>& dy, size_t D) {
+  std::vector<double> dx(y.size());
+  const size_t R = D ? y.size() / D : 0;
+  for (size_t r = 0; r < R; ++r) {
+    Sum acc;
+    for (size_t i = 0; i < D; ++i) acc.add(dy[r * D + i]);
+    const double s = acc.value();
+    for (size_t i = 0; i < D; ++i) dx[r * D + i] = dy[r * D + i] - std::exp(y[r * D + i]) * s;
+  }
+  return dx;
+}
+
+// ---- rms_norm ---------------------------------------------------------------------------------
+
+/// y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps) per row. x: (R, D), w: (D) or empty.
+inline NormFwd rms_norm_fwd(const std::vector<double>& x, const std::vector<double>& w, size_t D,
+                            double eps) {
+  NormFwd o;
+  const size_t R = D ? x.size() / D : 0;
+  o.y.resize(x.size());
+  o.rstd.resize(R);
+  for (size_t r = 0; r < R; ++r) {
+    Sum ss;
+    for (size_t i = 0; i < D; ++i) ss.add(x[r * D + i] * x[r * D + i]);
+    const double rstd = 1.0 / std::sqrt(ss.value() / static_cast<double>(D) + eps);
+    o.rstd[r] = rstd;
+    for (size_t i = 0; i < D; ++i)
+      o.y[r * D + i] = x[r * D + i] * rstd * (w.empty() ? 1.0 : w[i]);
+  }
+  return o;
+}
+
+/// Gradients of rms_norm: with g = dy * w and rstd as in the forward,
+/// dx = rstd * g - rstd^3 / D * x * sum(g * x); dw = sum over rows of dy * x * rstd.
+inline NormBwd rms_norm_bwd(const std::vector<double>& x, const std::vector<double>& w,
+                            const std::vector<double>& dy, size_t D, double eps) {
+  NormBwd o;
+  const size_t R = D ? x.size() / D : 0;
+  o.dx.resize(x.size());
+  std::vector<Sum> dw(w.empty() ? 0 : D);
+  for (size_t r = 0; r < R; ++r) {
+    const double* xr = &x[r * D];
+    const double* gr = &dy[r * D];
+    Sum ss, gx;
+    for (size_t i = 0; i < D; ++i) ss.add(xr[i] * xr[i]);
+    const double rstd = 1.0 / std::sqrt(ss.value() / static_cast<double>(D) + eps);
+    for (size_t i = 0; i < D; ++i) gx.add(gr[i] * (w.empty() ? 1.0 : w[i]) * xr[i]);
+    const double c = rstd * rstd * rstd * gx.value() / static_cast<double>(D);
+    for (size_t i = 0; i < D; ++i)
+      o.dx[r * D + i] = rstd * gr[i] * (w.empty() ? 1.0 : w[i]) - c * xr[i];
+    for (size_t i = 0; i < dw.size(); ++i) dw[i].add(gr[i] * xr[i] * rstd);
+  }
+  for (const Sum& a : dw) o.dw.push_back(a.value());
+  return o;
+}
+
+// ---- layer_norm and group_norm share one per-block formula ------------------------------------
+
+namespace detail {
+/// Two-pass mean and rstd of n values.
+inline void block_stats(const double* x, size_t n, double eps, double& mean, double& rstd) {
+  Sum s, m2;
+  for (size_t i = 0; i < n; ++i) s.add(x[i]);
+  mean = s.value() / static_cast<double>(n);
+  for (size_t i = 0; i < n; ++i) m2.add((x[i] - mean) * (x[i] - mean));
+  rstd = 1.0 / std::sqrt(m2.value() / static_cast<double>(n) + eps);
+}
+}  // namespace detail
+
+/// y = (x - mean) * rstd * w + b over the last dim (biased variance). x: (R, D), w, b: (D) or
+/// empty.
+inline NormFwd layer_norm_fwd(const std::vector<double>& x, const std::vector<double>& w,
+                              const std::vector<double>& b, size_t D, double eps) {
+  NormFwd o;
+  const size_t R = D ? x.size() / D : 0;
+  o.y.resize(x.size());
+  o.mean.resize(R);
+  o.rstd.resize(R);
+  for (size_t r = 0; r < R; ++r) {
+    detail::block_stats(&x[r * D], D, eps, o.mean[r], o.rstd[r]);
+    for (size_t i = 0; i < D; ++i)
+      o.y[r * D + i] = (x[r * D + i] - o.mean[r]) * o.rstd[r] * (w.empty() ? 1.0 : w[i]) +
+                       (b.empty() ? 0.0 : b[i]);
+  }
+  return o;
+}
+
+/// Gradients of layer_norm: xhat = (x - mean) * rstd, g = dy * w,
+/// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); dw = sum_rows dy * xhat; db = sum_rows dy.
+inline NormBwd layer_norm_bwd(const std::vector<double>& x, const std::vector<double>& w,
+                              const std::vector<double>& b, const std::vector<double>& dy,
+                              size_t D, double eps) {
+  NormBwd o;
+  const size_t R = D ? x.size() / D : 0;
+  o.dx.resize(x.size());
+  std::vector<Sum> dw(w.empty() ? 0 : D), db(b.empty() ? 0 : D);
+  std::vector<double> xhat(D), g(D);
+  for (size_t r = 0; r < R; ++r) {
+    double mean, rstd;
+    detail::block_stats(&x[r * D], D, eps, mean, rstd);
+    Sum sg, sgx;
+    for (size_t i = 0; i < D; ++i) {
+      xhat[i] = (x[r * D + i] - mean) * rstd;
+      g[i] = dy[r * D + i] * (w.empty() ? 1.0 : w[i]);
+      sg.add(g[i]);
+      sgx.add(g[i] * xhat[i]);
+    }
+    const double mg = sg.value() / static_cast<double>(D);
+    const double mgx = sgx.value() / static_cast<double>(D);
+    for (size_t i = 0; i < D; ++i) {
+      o.dx[r * D + i] = rstd * (g[i] - mg - xhat[i] * mgx);
+      if (!w.empty()) dw[i].add(dy[r * D + i] * xhat[i]);
+      if (!b.empty()) db[i].add(dy[r * D + i]);
+    }
+  }
+  for (const Sum& a : dw) o.dw.push_back(a.value());
+  for (const Sum& a : db) o.db.push_back(a.value());
+  return o;
+}
+
+/// Group norm of x: (N, C, S): statistics per (n, group) over C/G channels x S positions, then
+/// y = (x - mean) * rstd * w[c] + b[c]. mean, rstd: (N, G). w, b: (C) or empty.
+inline NormFwd group_norm_fwd(const std::vector<double>& x, const std::vector<double>& w,
+                              const std::vector<double>& b, size_t N, size_t C, size_t S,
+                              size_t G, double eps) {
+  NormFwd o;
+  const size_t Cg = C / G, L = Cg * S;
+  o.y.resize(x.size());
+  o.mean.resize(N * G);
+  o.rstd.resize(N * G);
+  for (size_t k = 0; k < N * G; ++k) {
+    const double* xb = &x[k * L];
+    detail::block_stats(xb, L, eps, o.mean[k], o.rstd[k]);
+    for (size_t i = 0; i < L; ++i) {
+      const size_t c = (k % G) * Cg + i / S;
+      o.y[k * L + i] =
+          (xb[i] - o.mean[k]) * o.rstd[k] * (w.empty() ? 1.0 : w[c]) + (b.empty() ? 0.0 : b[c]);
+    }
+  }
+  return o;
+}
+
+/// Gradients of group_norm: per (n, group) block, xhat = (x - mean) * rstd, g = dy * w[c],
+/// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) (means over the block);
+/// dw[c] = sum over n and S of dy * xhat; db[c] = sum over n and S of dy.
+inline NormBwd group_norm_bwd(const std::vector<double>& x, const std::vector<double>& w,
+                              const std::vector<double>& b, const std::vector<double>& dy,
+                              size_t N, size_t C, size_t S, size_t G, double eps) {
+  NormBwd o;
+  const size_t Cg = C / G, L = Cg * S;
+  o.dx.resize(x.size());
+  std::vector<Sum> dw(w.empty() ? 0 : C), db(b.empty() ? 0 : C);
+  std::vector<double> xhat(L), g(L);
+  for (size_t k = 0; k < N * G; ++k) {
+    double mean, rstd;
+    detail::block_stats(&x[k * L], L, eps, mean, rstd);
+    Sum sg, sgx;
+    for (size_t i = 0; i < L; ++i) {
+      const size_t c = (k % G) * Cg + i / S;
+      xhat[i] = (x[k * L + i] - mean) * rstd;
+      g[i] = dy[k * L + i] * (w.empty() ? 1.0 : w[c]);
+      sg.add(g[i]);
+      sgx.add(g[i] * xhat[i]);
+    }
+    const double mg = sg.value() / static_cast<double>(L);
+    const double mgx = sgx.value() / static_cast<double>(L);
+    for (size_t i = 0; i < L; ++i) {
+      const size_t c = (k % G) * Cg + i / S;
+      o.dx[k * L + i] = rstd * (g[i] - mg - xhat[i] * mgx);
+      if (!w.empty()) dw[c].add(dy[k * L + i] * xhat[i]);
+      if (!b.empty()) db[c].add(dy[k * L + i]);
+    }
+  }
+  for (const Sum& a : dw) o.dw.push_back(a.value());
+  for (const Sum& a : db) o.db.push_back(a.value());
+  return o;
+}
+
+}  // namespace taper::ref

@@ -1,0 +1,224 @@
+// matmul.cpp: OpId::matmul on the CPU through OpenBLAS's CBLAS GEMM.
+//
+// Shapes: a: (..., M, K), b: (..., K, N) -> c: (..., M, N), contiguous. The front-end has
+// broadcast the batch dims (they may have stride 0) and checked K.
+// f32/f64: sgemm/dgemm read the operands in place when BLAS can describe them: rows dense
+// (NoTrans, ld = row stride) or columns dense (a transposed view: Trans, ld = column stride);
+// any other layout is copied dense first. When a's batch dims and M flatten into one strided
+// dim and b is the same matrix for every batch (stride 0, e.g. a linear layer on (B, T, C)), the
+// batch folds into M: one (B*M, K) x (K, N) GEMM.
+// bf16/f16: both operands widen (exactly) to f32 panels, sgemm accumulates in f32, and each
+// output element is rounded once to nearest-even.
+// What it is not: BLAS thread control (the thread pool sets openblas_set_num_threads) or a
+// GEMM of our own; integer matmul is not registered.
+#include <cblas.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+#include "cpu/cpu_common.h"
+
+namespace taper::cpu {
+namespace {
+
+/// How BLAS reads one (rows x cols) operand in place.
+struct BlasView {
+  CBLAS_TRANSPOSE trans;
+  size_t ld;
+};
+
+/// The BLAS description of a (rows x cols) matrix with element strides (sr, sc), if one exists.
+/// Row-major NoTrans: (i, j) at i*ld + j, ld >= cols. Trans (a transposed view): (i, j) at
+/// i + j*ld, ld >= rows. Size-1 dims may have any stride.
+std::optional<BlasView> blas_view(size_t rows, size_t cols, int64_t sr, int64_t sc) {
+  const int64_t r1 = static_cast<int64_t>(std::max<size_t>(rows, 1));
+  const int64_t c1 = static_cast<int64_t>(std::max<size_t>(cols, 1));
+  if ((cols <= 1 || sc == 1) && (rows <= 1 || sr >= c1))
+    return BlasView{CblasNoTrans, rows <= 1 ? static_cast<size_t>(c1) : static_cast<size_t>(sr)};
+  if ((rows <= 1 || sr == 1) && (cols <= 1 || sc >= r1))
+    return BlasView{CblasTrans, cols <= 1 ? static_cast<size_t>(r1) : static_cast<size_t>(sc)};
+  return std::nullopt;
+}
+
+/// The single stride of `dims` (with `strides`) flattened into one dim, if they flatten
+/// (size-1 dims ignored); `fallback` when no dim is larger than 1.
+std::optional<int64_t> flat_stride(const std::vector<size_t>& dims,
+                                   const std::vector<int64_t>& strides, int64_t fallback) {
+  bool have = false;
+  int64_t stride = 0;
+  size_t extent = 0;
+  for (size_t i = dims.size(); i-- > 0;) {
+    if (dims[i] == 1) continue;
+    if (!have) {
+      stride = strides[i];
+      extent = dims[i];
+      have = true;
+      continue;
+    }
+    if (strides[i] != stride * static_cast<int64_t>(extent)) return std::nullopt;
+    extent *= dims[i];
+  }
+  return have ? stride : fallback;
+}
+
+/// Offsets (in elements) of batch `bi` of an operand with batch dims `bdims` and strides `bst`.
+int64_t batch_offset(size_t bi, const std::vector<size_t>& bdims, const std::vector<int64_t>& bst) {
+  int64_t off = 0;
+  for (size_t i = bdims.size(); i-- > 0;) {
+    off += static_cast<int64_t>(bi % bdims[i]) * bst[i];
+    bi /= bdims[i];
+  }
+  return off;
+}
+
+/// Copies the (rows x cols) matrix at p with strides (sr, sc) into dense row-major dst,
+/// converting to float for the half types (exact).
+template <class T, class D>
+void pack(const T* p, size_t rows, size_t cols, int64_t sr, int64_t sc, D* dst) {
+  for (size_t i = 0; i < rows; ++i) {
+    const T* row = p + static_cast<int64_t>(i) * sr;
+    D* out = dst + i * cols;
+    if (sc == 1 && std::is_same_v<T, D>) {
+      std::memcpy(static_cast<void*>(out), static_cast<const void*>(row), cols * sizeof(T));
+    } else {
+      for (size_t j = 0; j < cols; ++j) out[j] = static_cast<D>(row[static_cast<int64_t>(j) * sc]);
+    }
+  }
+}
+
+void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, size_t m, size_t n, size_t k, const float* a,
+          size_t lda, const float* b, size_t ldb, float* c, size_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta, tb, static_cast<blasint>(m), static_cast<blasint>(n),
+              static_cast<blasint>(k), 1.0f, a, static_cast<blasint>(lda), b,
+              static_cast<blasint>(ldb), 0.0f, c, static_cast<blasint>(ldc));
+}
+void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, size_t m, size_t n, size_t k, const double* a,
+          size_t lda, const double* b, size_t ldb, double* c, size_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta, tb, static_cast<blasint>(m), static_cast<blasint>(n),
+              static_cast<blasint>(k), 1.0, a, static_cast<blasint>(lda), b,
+              static_cast<blasint>(ldb), 0.0, c, static_cast<blasint>(ldc));
+}
+
+/// One operand matrix as GEMM sees it: a base pointer and a BLAS view, pointing either into the
+/// tensor or into `buf` (a dense copy, in the compute type G).
+template <class G>
+struct Panel {
+  const G* p = nullptr;
+  BlasView view{CblasNoTrans, 0};
+  std::vector<G> buf;
+};
+
+/// Prepares the (rows x cols) matrix at src with strides (sr, sc) for a GEMM in type G: in place
+/// when T == G and BLAS can read it, else packed dense (and widened for the half types).
+template <class T, class G>
+void prepare(Panel<G>& pn, const T* src, size_t rows, size_t cols, int64_t sr, int64_t sc) {
+  if constexpr (std::is_same_v<T, G>) {
+    if (auto v = blas_view(rows, cols, sr, sc)) {
+      pn.p = src;
+      pn.view = *v;
+      return;
+    }
+  }
+  pn.buf.resize(rows * cols);
+  pack(src, rows, cols, sr, sc, pn.buf.data());
+  pn.p = pn.buf.data();
+  pn.view = BlasView{CblasNoTrans, std::max<size_t>(cols, 1)};
+}
+
+template <class T>
+void run_matmul(const Tensor& a, const Tensor& b, Tensor& c) {
+  using G = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  const size_t r = a.rank();
+  const size_t m = a.dims()[r - 2], k = a.dims()[r - 1], n = b.dims()[r - 1];
+  const std::vector<size_t> bdims(a.dims().begin(), a.dims().end() - 2);
+  const std::vector<int64_t> as(a.strides().begin(), a.strides().end() - 2);
+  const std::vector<int64_t> bs(b.strides().begin(), b.strides().end() - 2);
+  const int64_t asr = a.strides()[r - 2], asc = a.strides()[r - 1];
+  const int64_t bsr = b.strides()[r - 2], bsc = b.strides()[r - 1];
+  size_t batch = 1;
+  for (size_t d : bdims) batch *= d;
+  T* out = c.data<T>();
+  if (k == 0) {  // an empty sum: zeros (BLAS would not accept ld = 0 views here)
+    std::fill(out, out + batch * m * n, T(0.0f));
+    return;
+  }
+  const auto blas_limit = static_cast<size_t>(INT_MAX);
+  TAPER_CHECK(std::max({m * batch, n, k}) <= blas_limit, "matmul: dims ", a.shape().to_string(),
+              " x ", b.shape().to_string(), " exceed BLAS's 32-bit int range");
+
+  // Fold the batch into M when b is one matrix for all batches and a's (batch..., M) flattens
+  // into rows of one stride.
+  bool b_shared = true;
+  for (size_t i = 0; i < bdims.size(); ++i)
+    if (bdims[i] > 1 && bs[i] != 0) b_shared = false;
+  size_t gm = m, gbatch = batch;
+  int64_t gasr = asr;
+  if (batch > 1 && b_shared) {
+    std::vector<size_t> rd = bdims;
+    std::vector<int64_t> rs = as;
+    rd.push_back(m);
+    rs.push_back(asr);
+    // The flattened rows are read in place or packed like any other operand (prepare).
+    if (const auto fs = flat_stride(rd, rs, asr)) {
+      gm = m * batch;
+      gbatch = 1;
+      gasr = *fs;
+    }
+  }
+
+  Panel<G> pa, pb;
+  std::vector<G> cbuf;  // f32 result of the half types, rounded once into out
+  int64_t last_b = -1;
+  for (size_t bi = 0; bi < gbatch; ++bi) {
+    const int64_t ao = batch_offset(bi, bdims, as);
+    const int64_t bo = batch_offset(bi, bdims, bs);
+    prepare(pa, a.data<T>() + ao, gm, k, gasr, asc);
+    if (bo != last_b) {  // a broadcast b (stride 0) is prepared once
+      prepare(pb, b.data<T>() + bo, k, n, bsr, bsc);
+      last_b = bo;
+    }
+    T* cp = out + bi * gm * n;
+    if constexpr (std::is_same_v<T, G>) {
+      gemm(pa.view.trans, pb.view.trans, gm, n, k, pa.p, pa.view.ld, pb.p, pb.view.ld, cp, n);
+    } else {
+      cbuf.resize(gm * n);
+      gemm(pa.view.trans, pb.view.trans, gm, n, k, pa.p, pa.view.ld, pb.p, pb.view.ld, cbuf.data(),
+           n);
+      for (size_t i = 0; i < gm * n; ++i) cp[i] = T(cbuf[i]);  // round once, nearest-even
+    }
+  }
+}
+
+std::vector<Tensor> matmul_kernel(const std::vector<Tensor>& in, const OpAttrs&) {
+  const Tensor& a = in[0];
+  const Tensor& b = in[1];
+  const size_t r = a.rank();
+  TAPER_ASSERT(r >= 2 && b.rank() == r && a.dims()[r - 1] == b.dims()[r - 2]);
+  std::vector<size_t> od = a.dims();
+  od[r - 1] = b.dims()[r - 1];
+  Tensor c = new_output(Shape(od), a.dtype());
+  if (c.elem_count() == 0) return {c};
+  visit_dtype(a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (is_float(dtype_of_v<T>)) {
+      run_matmul<T>(a, b, c);
+    } else {
+      TAPER_ASSERT(false && "matmul: integer dtypes are not registered");
+    }
+  });
+  return {c};
+}
+
+// Strided operands are read in place where BLAS can; the kernel copies the rest itself.
+struct MatmulRegistrar {
+  MatmulRegistrar() {
+    register_kernel(OpId::matmul, DeviceKind::Cpu, kFloatDTypes, &matmul_kernel, false);
+  }
+};
+const MatmulRegistrar g_matmul_registrar;
+
+}  // namespace
+}  // namespace taper::cpu

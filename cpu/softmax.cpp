@@ -1,0 +1,532 @@
+// softmax.cpp: Highway kernels of softmax_last_dim, log_softmax_last_dim and their dedicated
+// backward ops (softmax_last_dim_bwd, log_softmax_last_dim_bwd), for bf16, f16, f32 and f64.
+//
+// What it is: per-row kernels over contiguous (R, D) data (registered needs_contiguous), threaded
+// over rows, and inside rows when there are fewer rows than threads (a row is cut into chunks,
+// each chunk's (max, sum of exp) is combined, then the chunks are written in parallel).
+// What it is not: autograd (core/ holds the bwd hooks that call the *_bwd ops) or the composed
+// forms (metal_fallback/composed.cpp). The scalar reference is cpu/fused_ref.h.
+//
+// Shapes: x, y, dy, dx: (R, D), R rows of D elements.
+// Precision: bf16/f16 load to f32, every step is f32 (Highway's Exp, max 1 ulp), the result is
+// rounded once at the store; f64 is f64 throughout (Exp in f64, f64 accumulators).
+// Special values, as PyTorch: a row with a NaN, an all -inf row, or a row holding +inf gives NaN
+// everywhere (explicitly: Highway's Exp maps NaN to 0, so NaN is never left to flow through it).
+
+#ifndef TAPER_CPU_SOFTMAX_SHARED_
+#define TAPER_CPU_SOFTMAX_SHARED_
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <vector>
+
+#include "cpu/cpu_common.h"
+#include "taper/dtype.h"
+#include "taper/op.h"
+
+namespace taper::cpu::softmax_detail {
+
+/// What a dispatched call does with its item range [begin, end).
+enum class Phase : int {
+  kRows,   ///< items are whole rows: statistics and write, the row hot in cache
+  kStats,  ///< items are (row, chunk) pairs: per-chunk statistics into part0/part1
+  kWrite,  ///< items are (row, chunk) pairs: write the chunk with the row's combined statistics
+};
+
+/// One softmax-family job; the pointers are the (contiguous) tensors' element 0.
+struct Job {
+  DType dt = DType::F32;
+  bool log = false;          ///< log-softmax (forward) / log-softmax backward
+  const void* a = nullptr;   ///< forward: x; backward: y
+  const void* b = nullptr;   ///< backward: dy
+  void* out = nullptr;       ///< forward: y; backward: dx
+  size_t D = 0;              ///< row length
+  size_t chunk = 0;          ///< chunk length (kStats/kWrite); item = row * nchunks + chunk index
+  size_t nchunks = 1;
+  double* part0 = nullptr;   ///< per item: forward chunk max (NaN: the row is NaN); backward sum
+  double* part1 = nullptr;   ///< per item: forward sum of exp(x - chunk max)
+  const double* row0 = nullptr;  ///< per row: forward max M (NaN: NaN row); backward sum
+  const double* row1 = nullptr;  ///< per row: forward 1/S (softmax) or log S (log-softmax)
+};
+
+/// Rows up to this length keep exp(x - max) in a per-thread scratch row (f32/f64), so exp is
+/// evaluated once and x is read from memory once; 32768 f64 (256 KiB) plus the row fit in L2.
+inline constexpr size_t kScratchElems = 32768;
+/// Longer rows are reduced in chunks of this length: max then sum of exp, the chunk still in L1/L2.
+inline constexpr size_t kStatChunk = 8192;
+/// The smallest chunk worth a task of its own when a row is split across threads.
+inline constexpr size_t kMinSplitChunk = 4096;
+
+/// Online combination of chunk statistics: (m, s) with s = sum exp(x - m) over the chunk.
+/// A NaN m marks a chunk that made the whole row NaN.
+template <class TC> struct MaxSum {
+  TC m = -std::numeric_limits<TC>::infinity();
+  TC s = 0;
+  bool nan = false;
+  void add(TC cm, TC cs) {
+    if (std::isnan(cm)) {
+      nan = true;
+      return;
+    }
+    if (cs == TC(0)) return;  // an all -inf chunk adds nothing (unless the whole row is so)
+    if (cm > m) {
+      s = s * std::exp(m - cm) + cs;  // exp(-inf) = 0 for the first chunk
+      m = cm;
+    } else {
+      s += cs * std::exp(cm - m);
+    }
+  }
+  /// Whether the row's softmax is NaN everywhere: a NaN, or no finite max (all -inf, or +inf).
+  bool nan_row() const { return nan || !std::isfinite(m); }
+};
+
+}  // namespace taper::cpu::softmax_detail
+
+#endif  // TAPER_CPU_SOFTMAX_SHARED_
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/softmax.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "hwy/contrib/math/math-inl.h"
+#include "cpu/simd_half-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace taper::cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+namespace sd = taper::cpu::softmax_detail;
+
+template <class T> using TC = compute_t<T>;
+template <class T> using DC = hn::ScalableTag<compute_t<T>>;
+
+// ---- reductions over one contiguous run (four accumulators, one horizontal reduce) -----------
+
+/// Max of x[0, n) and whether any element is NaN (Highway's Max does not propagate NaN).
+template <class T> HWY_INLINE TC<T> RunMax(const T* HWY_RESTRICT x, size_t n, bool* has_nan) {
+  const DC<T> d;
+  const size_t N = hn::Lanes(d);
+  const auto ninf = hn::Set(d, -std::numeric_limits<TC<T>>::infinity());
+  auto m0 = ninf, m1 = ninf, m2 = ninf, m3 = ninf;
+  auto nan = hn::FirstN(d, 0);
+  size_t i = 0;
+  for (; i + 4 * N <= n; i += 4 * N) {
+    const auto v0 = LoadAs(d, x + i), v1 = LoadAs(d, x + i + N);
+    const auto v2 = LoadAs(d, x + i + 2 * N), v3 = LoadAs(d, x + i + 3 * N);
+    m0 = hn::Max(m0, v0);
+    m1 = hn::Max(m1, v1);
+    m2 = hn::Max(m2, v2);
+    m3 = hn::Max(m3, v3);
+    nan = hn::Or(nan, hn::Or(hn::Or(hn::IsNaN(v0), hn::IsNaN(v1)),
+                             hn::Or(hn::IsNaN(v2), hn::IsNaN(v3))));
+  }
+  for (; i + N <= n; i += N) {
+    const auto v = LoadAs(d, x + i);
+    m0 = hn::Max(m0, v);
+    nan = hn::Or(nan, hn::IsNaN(v));
+  }
+  if (i < n) {  // the zero-filled lanes past the end must not raise the max
+    const auto v = hn::IfThenElse(hn::FirstN(d, n - i), LoadAsN(d, x + i, n - i), ninf);
+    m0 = hn::Max(m0, v);
+    nan = hn::Or(nan, hn::IsNaN(v));
+  }
+  *has_nan = !hn::AllFalse(d, nan);
+  return hn::GetLane(hn::MaxOfLanes(d, hn::Max(hn::Max(m0, m1), hn::Max(m2, m3))));
+}
+
+/// sum exp(x - m) over x[0, n); with kStore, also writes exp(x - m) to e[0, round_up(n, N)).
+template <bool kStore, class T>
+HWY_INLINE TC<T> RunSumExp(const T* HWY_RESTRICT x, size_t n, TC<T> m, TC<T>* HWY_RESTRICT e) {
+  const DC<T> d;
+  const size_t N = hn::Lanes(d);
+  const auto vm = hn::Set(d, m);
+  auto s0 = hn::Zero(d), s1 = hn::Zero(d), s2 = hn::Zero(d), s3 = hn::Zero(d);
+  size_t i = 0;
+  for (; i + 4 * N <= n; i += 4 * N) {
+    const auto e0 = hn::Exp(d, hn::Sub(LoadAs(d, x + i), vm));
+    const auto e1 = hn::Exp(d, hn::Sub(LoadAs(d, x + i + N), vm));
+    const auto e2 = hn::Exp(d, hn::Sub(LoadAs(d, x + i + 2 * N), vm));
+    const auto e3 = hn::Exp(d, hn::Sub(LoadAs(d, x + i + 3 * N), vm));
+    if constexpr (kStore) {
+      hn::StoreU(e0, d, e + i);
+      hn::StoreU(e1, d, e + i + N);
+      hn::StoreU(e2, d, e + i + 2 * N);
+      hn::StoreU(e3, d, e + i + 3 * N);
+    }
+    s0 = hn::Add(s0, e0);
+    s1 = hn::Add(s1, e1);
+    s2 = hn::Add(s2, e2);
+    s3 = hn::Add(s3, e3);
+  }
+  for (; i + N <= n; i += N) {
+    const auto e0 = hn::Exp(d, hn::Sub(LoadAs(d, x + i), vm));
+    if constexpr (kStore) hn::StoreU(e0, d, e + i);
+    s0 = hn::Add(s0, e0);
+  }
+  if (i < n) {  // lanes past the end hold exp(0 - m): masked out of the sum
+    const auto e0 =
+        hn::IfThenElseZero(hn::FirstN(d, n - i), hn::Exp(d, hn::Sub(LoadAsN(d, x + i, n - i), vm)));
+    if constexpr (kStore) hn::StoreU(e0, d, e + i);  // the scratch row is padded to whole vectors
+    s0 = hn::Add(s0, e0);
+  }
+  return hn::GetLane(hn::SumOfLanes(d, hn::Add(hn::Add(s0, s1), hn::Add(s2, s3))));
+}
+
+/// sum a*b (kDot) or sum b over [0, n); the zero-filled tail lanes add nothing.
+template <bool kDot, class T>
+HWY_INLINE TC<T> RunSum(const T* HWY_RESTRICT a, const T* HWY_RESTRICT b, size_t n) {
+  const DC<T> d;
+  const size_t N = hn::Lanes(d);
+  auto s0 = hn::Zero(d), s1 = hn::Zero(d), s2 = hn::Zero(d), s3 = hn::Zero(d);
+  auto term = [&](size_t i) {
+    if constexpr (kDot) return hn::Mul(LoadAs(d, a + i), LoadAs(d, b + i));
+    else return LoadAs(d, b + i);
+  };
+  size_t i = 0;
+  for (; i + 4 * N <= n; i += 4 * N) {
+    if constexpr (kDot) {
+      s0 = hn::MulAdd(LoadAs(d, a + i), LoadAs(d, b + i), s0);
+      s1 = hn::MulAdd(LoadAs(d, a + i + N), LoadAs(d, b + i + N), s1);
+      s2 = hn::MulAdd(LoadAs(d, a + i + 2 * N), LoadAs(d, b + i + 2 * N), s2);
+      s3 = hn::MulAdd(LoadAs(d, a + i + 3 * N), LoadAs(d, b + i + 3 * N), s3);
+    } else {
+      s0 = hn::Add(s0, LoadAs(d, b + i));
+      s1 = hn::Add(s1, LoadAs(d, b + i + N));
+      s2 = hn::Add(s2, LoadAs(d, b + i + 2 * N));
+      s3 = hn::Add(s3, LoadAs(d, b + i + 3 * N));
+    }
+  }
+  for (; i + N <= n; i += N) s0 = hn::Add(s0, term(i));
+  if (i < n) {
+    if constexpr (kDot) {
+      s0 = hn::MulAdd(LoadAsN(d, a + i, n - i), LoadAsN(d, b + i, n - i), s0);
+    } else {
+      s0 = hn::Add(s0, LoadAsN(d, b + i, n - i));
+    }
+  }
+  return hn::GetLane(hn::SumOfLanes(d, hn::Add(hn::Add(s0, s1), hn::Add(s2, s3))));
+}
+
+// ---- writes ----------------------------------------------------------------------------------
+
+template <class T> HWY_INLINE void FillNaN(T* HWY_RESTRICT y, size_t n) {
+  const T v = round_to<T>(std::numeric_limits<TC<T>>::quiet_NaN());
+  for (size_t i = 0; i < n; ++i) y[i] = v;
+}
+
+/// y = e * c, e the scratch row (padded to whole vectors).
+template <class T>
+HWY_INLINE void WriteScaled(const TC<T>* HWY_RESTRICT e, T* HWY_RESTRICT y, size_t n, TC<T> c) {
+  const DC<T> d;
+  const size_t N = hn::Lanes(d);
+  const auto vc = hn::Set(d, c);
+  size_t i = 0;
+  for (; i + N <= n; i += N) StoreFrom(d, hn::Mul(hn::LoadU(d, e + i), vc), y + i);
+  if (i < n) StoreFromN(d, hn::Mul(hn::LoadU(d, e + i), vc), y + i, n - i);
+}
+
+/// Softmax: y = exp(x - m) * c (c = 1/S). Log-softmax: y = (x - m) - c (c = log S).
+template <bool kLog, class T>
+HWY_INLINE void WriteFromX(const T* HWY_RESTRICT x, T* HWY_RESTRICT y, size_t n, TC<T> m,
+                           TC<T> c) {
+  const DC<T> d;
+  const size_t N = hn::Lanes(d);
+  const auto vm = hn::Set(d, m), vc = hn::Set(d, c);
+  auto f = [&](auto v) {
+    if constexpr (kLog) return hn::Sub(hn::Sub(v, vm), vc);
+    else return hn::Mul(hn::Exp(d, hn::Sub(v, vm)), vc);
+  };
+  size_t i = 0;
+  for (; i + 2 * N <= n; i += 2 * N) {
+    StoreFrom(d, f(LoadAs(d, x + i)), y + i);
+    StoreFrom(d, f(LoadAs(d, x + i + N)), y + i + N);
+  }
+  for (; i + N <= n; i += N) StoreFrom(d, f(LoadAs(d, x + i)), y + i);
+  if (i < n) StoreFromN(d, f(LoadAsN(d, x + i, n - i)), y + i, n - i);
+}
+
+/// Softmax backward: dx = y * (dy - s). Log-softmax backward: dx = dy - exp(y) * s.
+template <bool kLog, class T>
+HWY_INLINE void WriteBwd(const T* HWY_RESTRICT y, const T* HWY_RESTRICT dy, T* HWY_RESTRICT dx,
+                         size_t n, TC<T> s) {
+  const DC<T> d;
+  const size_t N = hn::Lanes(d);
+  const auto vs = hn::Set(d, s);
+  auto f = [&](auto vy, auto vdy) {
+    if constexpr (kLog) {
+      // Highway's Exp gives 0 for NaN: put the NaN back. Valid for y <= 88 (a log-softmax
+      // output is <= 0).
+      const auto e = hn::IfThenElse(hn::IsNaN(vy), vy, hn::Exp(d, vy));
+      return hn::NegMulAdd(e, vs, vdy);
+    } else {
+      return hn::Mul(vy, hn::Sub(vdy, vs));
+    }
+  };
+  size_t i = 0;
+  for (; i + N <= n; i += N) StoreFrom(d, f(LoadAs(d, y + i), LoadAs(d, dy + i)), dx + i);
+  if (i < n) StoreFromN(d, f(LoadAsN(d, y + i, n - i), LoadAsN(d, dy + i, n - i)), dx + i, n - i);
+}
+
+// ---- per-row and per-chunk drivers -----------------------------------------------------------
+
+/// (max, sum exp(x - max)) of one chunk; max is NaN when the chunk holds a NaN.
+template <class T> HWY_INLINE void ChunkStats(const T* x, size_t n, TC<T>* m, TC<T>* s) {
+  bool nan = false;
+  *m = RunMax(x, n, &nan);
+  if (nan) {
+    *m = std::numeric_limits<TC<T>>::quiet_NaN();
+    *s = 0;
+    return;
+  }
+  // An all -inf chunk: exp(-inf - -inf) would be NaN; it contributes nothing.
+  *s = std::isfinite(*m) ? RunSumExp<false>(x, n, *m, static_cast<TC<T>*>(nullptr))
+                         : (*m > 0 ? std::numeric_limits<TC<T>>::infinity() : TC<T>(0));
+}
+
+/// One whole row of the forward.
+template <class T> void FwdRow(const T* x, T* y, size_t D, bool log) {
+  using C = TC<T>;
+  if (D <= sd::kScratchElems) {
+    bool nan = false;
+    const C m = RunMax(x, D, &nan);
+    if (nan || !std::isfinite(m)) return FillNaN(y, D);
+    if (log) {
+      const C s = RunSumExp<false>(x, D, m, static_cast<C*>(nullptr));
+      return WriteFromX<true>(x, y, D, m, std::log(s));
+    }
+    static thread_local std::vector<C> scratch;
+    const size_t N = hn::Lanes(DC<T>());
+    if (scratch.size() < D + N) scratch.resize(D + N);
+    const C s = RunSumExp<true>(x, D, m, scratch.data());
+    return WriteScaled(scratch.data(), y, D, C(1) / s);  // s >= 1: the max term is exp(0)
+  }
+  sd::MaxSum<C> acc;
+  for (size_t c0 = 0; c0 < D; c0 += sd::kStatChunk) {
+    C m, s;
+    ChunkStats(x + c0, std::min(sd::kStatChunk, D - c0), &m, &s);
+    acc.add(m, s);
+  }
+  if (acc.nan_row()) return FillNaN(y, D);
+  if (log) return WriteFromX<true>(x, y, D, acc.m, std::log(acc.s));
+  WriteFromX<false>(x, y, D, acc.m, C(1) / acc.s);
+}
+
+template <class T> void FwdRange(const sd::Job& j, sd::Phase phase, size_t begin, size_t end) {
+  using C = TC<T>;
+  const T* x = static_cast<const T*>(j.a);
+  T* y = static_cast<T*>(j.out);
+  for (size_t it = begin; it < end; ++it) {
+    if (phase == sd::Phase::kRows) {
+      FwdRow(x + it * j.D, y + it * j.D, j.D, j.log);
+      continue;
+    }
+    const size_t r = it / j.nchunks, c0 = (it % j.nchunks) * j.chunk;
+    const size_t n = std::min(j.chunk, j.D - c0);
+    const T* xc = x + r * j.D + c0;
+    if (phase == sd::Phase::kStats) {
+      C m, s;
+      ChunkStats(xc, n, &m, &s);
+      j.part0[it] = m;
+      j.part1[it] = s;
+    } else if (std::isnan(j.row0[r])) {
+      FillNaN(y + r * j.D + c0, n);
+    } else if (j.log) {
+      WriteFromX<true>(xc, y + r * j.D + c0, n, static_cast<C>(j.row0[r]),
+                       static_cast<C>(j.row1[r]));
+    } else {
+      WriteFromX<false>(xc, y + r * j.D + c0, n, static_cast<C>(j.row0[r]),
+                        static_cast<C>(j.row1[r]));
+    }
+  }
+}
+
+template <class T> void BwdRange(const sd::Job& j, sd::Phase phase, size_t begin, size_t end) {
+  using C = TC<T>;
+  const T* y = static_cast<const T*>(j.a);
+  const T* dy = static_cast<const T*>(j.b);
+  T* dx = static_cast<T*>(j.out);
+  for (size_t it = begin; it < end; ++it) {
+    size_t off = it * j.D, n = j.D, r = it;
+    if (phase != sd::Phase::kRows) {
+      r = it / j.nchunks;
+      const size_t c0 = (it % j.nchunks) * j.chunk;
+      off = r * j.D + c0;
+      n = std::min(j.chunk, j.D - c0);
+    }
+    if (phase == sd::Phase::kStats) {
+      j.part0[it] = j.log ? RunSum<false>(y + off, dy + off, n) : RunSum<true>(y + off, dy + off, n);
+      continue;
+    }
+    C s;
+    if (phase == sd::Phase::kRows) {
+      s = j.log ? RunSum<false>(y + off, dy + off, n) : RunSum<true>(y + off, dy + off, n);
+    } else {
+      s = static_cast<C>(j.row0[r]);
+    }
+    if (j.log) WriteBwd<true>(y + off, dy + off, dx + off, n, s);
+    else WriteBwd<false>(y + off, dy + off, dx + off, n, s);
+  }
+}
+
+void SoftmaxFwd(const sd::Job& j, sd::Phase phase, size_t begin, size_t end) {
+  switch (j.dt) {
+    case DType::BF16: return FwdRange<bf16>(j, phase, begin, end);
+    case DType::F16: return FwdRange<f16>(j, phase, begin, end);
+    case DType::F32: return FwdRange<float>(j, phase, begin, end);
+    default: return FwdRange<double>(j, phase, begin, end);
+  }
+}
+
+void SoftmaxBwd(const sd::Job& j, sd::Phase phase, size_t begin, size_t end) {
+  switch (j.dt) {
+    case DType::BF16: return BwdRange<bf16>(j, phase, begin, end);
+    case DType::F16: return BwdRange<f16>(j, phase, begin, end);
+    case DType::F32: return BwdRange<float>(j, phase, begin, end);
+    default: return BwdRange<double>(j, phase, begin, end);
+  }
+}
+
+}  // namespace taper::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace taper::cpu {
+HWY_EXPORT(SoftmaxFwd);
+HWY_EXPORT(SoftmaxBwd);
+
+namespace softmax_detail {
+namespace {
+
+/// Splits rows into chunks only when there are too few rows to keep every thread busy.
+void plan(Job& j, size_t R) {
+  const size_t T = num_threads();
+  j.chunk = j.D;
+  j.nchunks = 1;
+  if (R >= 2 * T || j.D < 2 * kMinSplitChunk) return;
+  const size_t per_row = (4 * T + R - 1) / R;  // about four tasks a thread
+  size_t chunk = (j.D + per_row - 1) / per_row;
+  chunk = std::max(kMinSplitChunk, (chunk + 63) / 64 * 64);
+  chunk = std::min(chunk, kScratchElems);  // a chunk's max and sum passes stay in cache
+  const size_t nchunks = (j.D + chunk - 1) / chunk;
+  if (nchunks <= 1) return;
+  j.chunk = chunk;
+  j.nchunks = nchunks;
+}
+
+size_t row_grain(size_t D) { return std::max<size_t>(1, kElemGrain / std::max<size_t>(D, 1)); }
+
+template <class C> void combine_fwd(Job& j, size_t R, std::vector<double>& M,
+                                    std::vector<double>& c) {
+  for (size_t r = 0; r < R; ++r) {
+    MaxSum<C> acc;
+    for (size_t k = 0; k < j.nchunks; ++k)
+      acc.add(static_cast<C>(j.part0[r * j.nchunks + k]), static_cast<C>(j.part1[r * j.nchunks + k]));
+    if (acc.nan_row()) {
+      M[r] = std::numeric_limits<double>::quiet_NaN();
+      continue;
+    }
+    M[r] = acc.m;
+    c[r] = j.log ? static_cast<double>(std::log(acc.s)) : static_cast<double>(C(1) / acc.s);
+  }
+}
+
+template <class C> void combine_bwd(Job& j, size_t R, std::vector<double>& s) {
+  for (size_t r = 0; r < R; ++r) {
+    C acc = 0;
+    for (size_t k = 0; k < j.nchunks; ++k) acc += static_cast<C>(j.part0[r * j.nchunks + k]);
+    s[r] = acc;
+  }
+}
+
+/// Runs a forward (bwd = false) or backward job over R rows.
+void run(Job j, size_t R, bool bwd) {
+  if (R == 0 || j.D == 0) return;
+  auto call = [&](Phase ph, size_t b, size_t e) {
+    if (bwd) HWY_DYNAMIC_DISPATCH(SoftmaxBwd)(j, ph, b, e);
+    else HWY_DYNAMIC_DISPATCH(SoftmaxFwd)(j, ph, b, e);
+  };
+  plan(j, R);
+  if (j.nchunks == 1) {
+    parallel_for(R, row_grain(j.D), [&](size_t b, size_t e) { call(Phase::kRows, b, e); });
+    return;
+  }
+  const size_t items = R * j.nchunks;
+  std::vector<double> p0(items), p1(items), r0(R), r1(R);
+  j.part0 = p0.data();
+  j.part1 = p1.data();
+  parallel_for(items, 1, [&](size_t b, size_t e) { call(Phase::kStats, b, e); });
+  const bool f64 = j.dt == DType::F64;
+  if (bwd) {
+    f64 ? combine_bwd<double>(j, R, r0) : combine_bwd<float>(j, R, r0);
+  } else {
+    f64 ? combine_fwd<double>(j, R, r0, r1) : combine_fwd<float>(j, R, r0, r1);
+  }
+  j.row0 = r0.data();
+  j.row1 = r1.data();
+  parallel_for(items, 1, [&](size_t b, size_t e) { call(Phase::kWrite, b, e); });
+}
+
+size_t last_dim(const Tensor& t) { return t.rank() == 0 ? 1 : t.dims().back(); }
+
+std::vector<Tensor> fwd_kernel(const std::vector<Tensor>& in, bool log) {
+  const Tensor& x = in[0];
+  TAPER_ASSERT(x.is_contiguous());
+  Tensor y = new_output(x.shape(), x.dtype());
+  Job j;
+  j.dt = x.dtype();
+  j.log = log;
+  j.a = x.data_ptr();
+  j.out = y.data_ptr();
+  j.D = last_dim(x);
+  run(j, j.D ? x.elem_count() / j.D : 0, false);
+  return {y};
+}
+
+std::vector<Tensor> bwd_kernel(const std::vector<Tensor>& in, bool log) {
+  const Tensor& y = in[0];
+  const Tensor& dy = in[1];
+  TAPER_ASSERT(y.is_contiguous() && dy.is_contiguous() && y.shape() == dy.shape());
+  TAPER_ASSERT(y.dtype() == dy.dtype());
+  Tensor dx = new_output(y.shape(), y.dtype());
+  Job j;
+  j.dt = y.dtype();
+  j.log = log;
+  j.a = y.data_ptr();
+  j.b = dy.data_ptr();
+  j.out = dx.data_ptr();
+  j.D = last_dim(y);
+  run(j, j.D ? y.elem_count() / j.D : 0, true);
+  return {dx};
+}
+
+std::vector<Tensor> softmax_kernel(const std::vector<Tensor>& in, const OpAttrs&) {
+  return fwd_kernel(in, false);
+}
+std::vector<Tensor> log_softmax_kernel(const std::vector<Tensor>& in, const OpAttrs&) {
+  return fwd_kernel(in, true);
+}
+std::vector<Tensor> softmax_bwd_kernel(const std::vector<Tensor>& in, const OpAttrs&) {
+  return bwd_kernel(in, false);
+}
+std::vector<Tensor> log_softmax_bwd_kernel(const std::vector<Tensor>& in, const OpAttrs&) {
+  return bwd_kernel(in, true);
+}
+
+struct Registrar {
+  Registrar() {
+    register_kernel(OpId::softmax_last_dim, DeviceKind::Cpu, kFloatDTypes, &softmax_kernel, true);
+    register_kernel(OpId::log_softmax_last_dim, DeviceKind::Cpu, kFloatDTypes, &log_softmax_kernel,
+                    true);
+    register_kernel(OpId::softmax_last_dim_bwd, DeviceKind::Cpu, kFloatDTypes, &softmax_bwd_kernel,
+                    true);
+    register_kernel(OpId::log_softmax_last_dim_bwd, DeviceKind::Cpu, kFloatDTypes,
+                    &log_softmax_bwd_kernel, true);
+  }
+};
+const Registrar registrar;
+
+}  // namespace
+}  // namespace softmax_detail
+}  // namespace taper::cpu
+#endif  // HWY_ONCE

@@ -1,0 +1,502 @@
+// unary.cpp: CPU kernels of the unary elementwise ops (neg abs exp log sqrt rsqrt recip sqr tanh
+// sigmoid relu gelu gelu_erf silu sin cos powf affine clamp). x: any shape and strides -> y: the
+// same shape and dtype, contiguous.
+//
+// What it is: Highway kernels for bf16/f16/f32/f64 (bf16/f16 load as f32, compute in f32, round
+// once at the store; f64 end to end in f64), and scalar loops for the integer dtypes where an op
+// makes sense (neg: i64; abs relu sqr affine clamp: u8 u32 i64). Strided inputs are served
+// directly (registered needs_contiguous = false): a unit-stride run goes straight to SIMD, any
+// other run is gathered into a small stack buffer first, so every layout gets the same SIMD
+// arithmetic and bit-identical results.
+// What it is not: the backward rules (core) or the reference (elementwise_ref.h).
+//
+// Precision notes (bounds are checked by tests/test_elementwise.cpp):
+// - exp log tanh sin cos come from hwy/contrib/math (1.0.3), which has f32 and f64 versions
+//   (documented max error 1, 4, 4, 3, 3 ulp). Their holes are patched here: exp of NaN/large x,
+//   log of 0/negative/inf/NaN, sin/cos beyond |x| <= 39000 (libm per lane).
+// - sigmoid/silu/gelu use the two-sided form (e = exp(-|t|); 1/(1+e) or e/(1+e)), accurate in
+//   both tails; gelu (tanh form) is computed as x * sigmoid(2z), equal to 0.5x(1+tanh z). Its
+//   relative error grows like (1 + |2z|) u for negative x, the conditioning of sigmoid in 2z.
+// - gelu_erf is evaluated in f64 lanes for every dtype, erfc from our own Chebyshev fit of
+//   erfcx (relative error < 5e-16), with the rounding of x/sqrt2 and of b^2 compensated, so
+//   that f64 gets f64 accuracy and f32/bf16/f16 are (almost always) correctly rounded.
+// - powf: f32/bf16/f16 evaluate exp(e*log|x|) in f64 lanes (the f32 error of e*log|x| would be
+//   amplified by |e*log x|); f64 uses std::pow per element (no SIMD pow is f64-accurate).
+// - affine and clamp round their double parameters to the compute type (f32 for bf16/f16/f32).
+//   affine is a MulAdd: fused on AVX2/AVX3, two roundings on SSE4 and the scalar target.
+// - Transcendentals differ in the last bits between targets (FMA or not); the exact ops (neg abs
+//   sqrt recip sqr relu clamp) give the same bits everywhere.
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/unary.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+
+#include "hwy/highway.h"
+#include "hwy/contrib/math/math-inl.h"
+#include "cpu/simd_half-inl.h"
+
+#ifndef TAPER_CPU_UNARY_ONCE_H_
+#define TAPER_CPU_UNARY_ONCE_H_
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "cpu/cpu_common.h"
+#include "taper/op.h"
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace taper::cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// ---- patched contrib math ---------------------------------------------------------------------
+
+/// exp: contrib Exp is valid for x <= 104 (f32) / 706 (f64), gives garbage above and 0 for NaN.
+/// Clamping at 100 / 710 still overflows to inf (e^100 > FLT_MAX, e^710 > DBL_MAX).
+template <class D> HWY_INLINE hn::Vec<D> SafeExp(D d, hn::Vec<D> x) {
+  using C = hn::TFromD<D>;
+  const auto hi = hn::Set(d, static_cast<C>(sizeof(C) == 4 ? 100.0 : 710.0));
+  const auto y = hn::Exp(d, hn::Min(x, hi));
+  return hn::IfThenElse(hn::IsNaN(x), x, y);
+}
+
+/// log: contrib Log is valid on (0, max]; here 0 -> -inf, x < 0 -> NaN, +inf -> +inf, NaN stays.
+template <class D> HWY_INLINE hn::Vec<D> SafeLog(D d, hn::Vec<D> x) {
+  const auto zero = hn::Zero(d);
+  auto y = hn::Log(d, x);
+  y = hn::IfThenElse(hn::Eq(x, zero), hn::Neg(hn::Inf(d)), y);
+  y = hn::IfThenElse(hn::Lt(x, zero), hn::NaN(d), y);
+  return hn::IfThenElse(hn::Or(hn::IsNaN(x), hn::Eq(x, hn::Inf(d))), x, y);
+}
+
+/// sin/cos: contrib is valid on |x| <= 39000; lanes beyond (and inf/NaN) go to libm, decided per
+/// lane so a value gets the same result whatever its neighbours.
+template <bool kSin, class D> HWY_INLINE hn::Vec<D> SafeSinCos(D d, hn::Vec<D> x) {
+  using C = hn::TFromD<D>;
+  const C kLimit = static_cast<C>(39000);
+  const auto y = kSin ? hn::Sin(d, x) : hn::Cos(d, x);
+  if (HWY_LIKELY(hn::AllTrue(d, hn::Le(hn::Abs(x), hn::Set(d, kLimit))))) return y;
+  HWY_ALIGN C xs[HWY_MAX_BYTES / sizeof(C)];
+  HWY_ALIGN C ys[HWY_MAX_BYTES / sizeof(C)];
+  hn::Store(x, d, xs);
+  hn::Store(y, d, ys);
+  for (size_t i = 0; i < hn::Lanes(d); ++i) {
+    if (!(std::fabs(xs[i]) <= kLimit)) ys[i] = kSin ? std::sin(xs[i]) : std::cos(xs[i]);
+  }
+  return hn::Load(d, ys);
+}
+
+/// sigmoid(t) = 1/(1+e^-t) as 1/(1+e) for t >= 0 and e/(1+e) for t < 0 with e = exp(-|t|):
+/// no overflow, relative accuracy in both tails.
+template <class D> HWY_INLINE hn::Vec<D> Sigmoid(D d, hn::Vec<D> t) {
+  const auto one = hn::Set(d, hn::TFromD<D>(1));
+  const auto e = SafeExp(d, hn::Neg(hn::Abs(t)));
+  const auto r = hn::Div(one, hn::Add(one, e));
+  return hn::IfThenElse(hn::Lt(t, hn::Zero(d)), hn::Mul(e, r), r);
+}
+
+// ---- gelu_erf in f64 lanes -------------------------------------------------------------------
+
+// erfcx(b) = exp(b^2) erfc(b) for b >= 0 as h(y) / (1 + sqrt(pi) b), y = (b - 3)/(b + 3) in
+// [-1, 1), h = sum c_k T_k(y). Coefficients: our Chebyshev projection of
+// h = erfcx(b)(1 + sqrt(pi) b), computed in binary128 (120 nodes) and truncated after 26 terms;
+// max relative error of the f64 evaluation of erfcx on [0, 40]: 4.6e-16.
+constexpr double kErfcxCheb[26] = {
+    1.08111716172079,        -0.046869691636051342,   -0.064857363693664322,
+    0.043071743776818425,    -0.015720635975333071,   0.0037826275071170725,
+    -0.00054998143920940144, 1.7027241788493142e-05,  1.0968036939711283e-05,
+    -1.7706833451002085e-06, -1.5004553631331413e-07, 6.6064237155563147e-08,
+    1.3992880505772145e-09,  -2.3575464725179041e-09, -4.0778916509089122e-12,
+    9.0578838293606208e-11,  9.5608741419030899e-13,  -3.7505839892027067e-12,
+    -1.6834914399162488e-13, 1.5977466251235227e-13,  1.6733579968962597e-14,
+    -6.467849184195461e-15,  -1.3097260946642813e-15, 2.1183814359046077e-16,
+    8.7290871020155379e-17,  -2.1422136890683647e-18,
+};
+
+/// Dekker's split of x (|x| < 2^995) into hi + lo, each with at most 26 significant bits, so
+/// products of halves are exact without FMA (SSE4/EMU128 have no fused MulAdd).
+template <class D> HWY_INLINE void Split(D d, hn::Vec<D> x, hn::Vec<D>& hi, hn::Vec<D>& lo) {
+  const auto c = hn::Mul(hn::Set(d, 134217729.0), x);  // 2^27 + 1
+  hi = hn::Sub(c, hn::Sub(c, x));
+  lo = hn::Sub(x, hi);
+}
+
+/// gelu_erf(x) = 0.5 x erfc(-x/sqrt2), double lanes.
+struct GeluErfF64 {
+  template <class D> HWY_INLINE hn::Vec<D> operator()(D d, hn::Vec<D> x) const {
+    static_assert(std::is_same_v<hn::TFromD<D>, double>, "gelu_erf computes in f64");
+    // Beyond |x| = 60 the result is x (erfc(-42) == 2) or -0 (underflow): clamp, patch below.
+    const auto xc = hn::Min(hn::Max(x, hn::Set(d, -60.0)), hn::Set(d, 60.0));
+    // x/sqrt2 as s + err (double-double): 1/sqrt2 = kRh + kRl with kRh of 26 bits.
+    const auto kRh = hn::Set(d, 0.7071067839860916137695312);
+    const auto kRl = hn::Set(d, -2.7995440893686869e-09);
+    hn::Vec<D> xh, xl;
+    Split(d, xc, xh, xl);
+    const auto p1 = hn::Mul(xh, kRh);  // exact
+    const auto p2 = hn::Mul(xl, kRh);  // exact
+    const auto s0 = hn::Add(p1, p2);
+    const auto e0 = hn::MulAdd(xc, kRl, hn::Add(hn::Sub(p1, s0), p2));  // Fast2Sum, |p1| >= |p2|
+    // Renormalise so that |da| <= ulp(a)/2: the first-order correction below then leaves a
+    // second-order error of ~(2 a da)^2, far below f64 rounding.
+    const auto s = hn::Add(s0, e0);
+    const auto err = hn::Add(hn::Sub(s0, s), e0);
+    const auto a = hn::Neg(s);  // erfc argument; the true argument is a + da
+    const auto da = hn::Neg(err);
+    const auto b = hn::Abs(a);
+    // erfcx(b) by Clenshaw.
+    const auto k3 = hn::Set(d, 3.0);
+    const auto y = hn::Div(hn::Sub(b, k3), hn::Add(b, k3));
+    const auto y2 = hn::Add(y, y);
+    auto b1 = hn::Zero(d), b2 = hn::Zero(d);
+    for (int k = 25; k >= 1; --k) {
+      const auto t = hn::Add(hn::MulSub(y2, b1, b2), hn::Set(d, kErfcxCheb[k]));
+      b2 = b1;
+      b1 = t;
+    }
+    const auto h = hn::Add(hn::MulSub(y, b1, b2), hn::Set(d, kErfcxCheb[0]));
+    const auto q = hn::Div(h, hn::MulAdd(hn::Set(d, 1.772453850905516104), b, hn::Set(d, 1.0)));
+    // g = exp(-b^2) with b^2 = bb + bb_lo (Dekker product): exp(-bb) * (1 - bb_lo).
+    hn::Vec<D> bh, bl;
+    Split(d, b, bh, bl);
+    const auto bb = hn::Mul(b, b);
+    const auto bb_lo = hn::MulAdd(
+        bl, bl, hn::MulAdd(hn::Add(bh, bh), bl, hn::MulSub(bh, bh, bb)));
+    const auto g = hn::Mul(SafeExp(d, hn::Neg(bb)), hn::Sub(hn::Set(d, 1.0), bb_lo));
+    // erfc(a + da) = erfc(a) - (2/sqrt(pi)) exp(-a^2) da; erfc(a) = g q (a >= 0), 2 - g q (a < 0).
+    const auto cda = hn::Mul(hn::Set(d, 1.1283791670955125586), da);
+    const auto e_pos = hn::Mul(g, hn::Sub(q, cda));
+    const auto e_neg = hn::NegMulAdd(g, hn::Add(q, cda), hn::Set(d, 2.0));
+    const auto erfc = hn::IfThenElse(hn::Ge(a, hn::Zero(d)), e_pos, e_neg);
+    auto r = hn::Mul(hn::Mul(hn::Set(d, 0.5), xc), erfc);
+    r = hn::IfThenElse(hn::Gt(x, hn::Set(d, 60.0)), x, r);
+    r = hn::IfThenElse(hn::Lt(x, hn::Set(d, -60.0)), hn::Set(d, -0.0), r);
+    return hn::IfThenElse(hn::IsNaN(x), x, r);
+  }
+};
+
+// ---- op functors: (tag, compute vector) -> compute vector -------------------------------------
+
+#define TAPER_UNARY_OP(Name, expr)                                               \
+  struct Name {                                                                  \
+    template <class D> HWY_INLINE hn::Vec<D> operator()(D d, hn::Vec<D> x) const { \
+      using C [[maybe_unused]] = hn::TFromD<D>;                                  \
+      (void)d;                                                                   \
+      return expr;                                                               \
+    }                                                                            \
+  };
+
+TAPER_UNARY_OP(NegOp, hn::Neg(x))
+TAPER_UNARY_OP(AbsOp, hn::Abs(x))
+TAPER_UNARY_OP(ExpOp, SafeExp(d, x))
+TAPER_UNARY_OP(LogOp, SafeLog(d, x))
+TAPER_UNARY_OP(SqrtOp, hn::Sqrt(x))
+TAPER_UNARY_OP(RsqrtOp, hn::Div(hn::Set(d, C(1)), hn::Sqrt(x)))
+TAPER_UNARY_OP(RecipOp, hn::Div(hn::Set(d, C(1)), x))
+TAPER_UNARY_OP(SqrOp, hn::Mul(x, x))
+TAPER_UNARY_OP(TanhOp, hn::IfThenElse(hn::IsNaN(x), x, hn::Tanh(d, x)))
+TAPER_UNARY_OP(SigmoidOp, Sigmoid(d, x))
+// relu(NaN) = NaN: a select, not Max (x86 max returns the second operand for NaN).
+TAPER_UNARY_OP(ReluOp, hn::IfThenElse(hn::Lt(x, hn::Zero(d)), hn::Zero(d), x))
+TAPER_UNARY_OP(SiluOp, hn::Mul(x, Sigmoid(d, x)))
+TAPER_UNARY_OP(SinOp, SafeSinCos<true>(d, x))
+TAPER_UNARY_OP(CosOp, SafeSinCos<false>(d, x))
+// gelu (tanh form): 0.5 x (1 + tanh z) = x sigmoid(2z), z = sqrt(2/pi) (x + 0.044715 x^3).
+TAPER_UNARY_OP(GeluOp,
+               hn::Mul(x, Sigmoid(d, hn::Mul(hn::Mul(hn::Set(d, C(2 * 0.797884560802865355879892)), x),
+                                             hn::MulAdd(hn::Set(d, C(0.044715)), hn::Mul(x, x),
+                                                        hn::Set(d, C(1)))))))
+#undef TAPER_UNARY_OP
+
+struct AffineOp {
+  double mul, add;
+  template <class D> HWY_INLINE hn::Vec<D> operator()(D d, hn::Vec<D> x) const {
+    using C = hn::TFromD<D>;
+    return hn::MulAdd(x, hn::Set(d, static_cast<C>(mul)), hn::Set(d, static_cast<C>(add)));
+  }
+};
+
+struct ClampOp {
+  double lo, hi;
+  // Selects rather than Min/Max so that NaN passes through.
+  template <class D> HWY_INLINE hn::Vec<D> operator()(D d, hn::Vec<D> x) const {
+    using C = hn::TFromD<D>;
+    const auto vlo = hn::Set(d, static_cast<C>(lo));
+    const auto vhi = hn::Set(d, static_cast<C>(hi));
+    return hn::IfThenElse(hn::Lt(x, vlo), vlo, hn::IfThenElse(hn::Gt(x, vhi), vhi, x));
+  }
+};
+
+/// x^e in double lanes (for f32/bf16/f16 data), C99 special cases: NaN base -> NaN, 0^e>0 -> 0,
+/// 0^e<0 -> inf, negative finite base with non-integer e -> NaN, odd integer e keeps the sign.
+struct PowOp {
+  double e;
+  bool is_int, is_odd;
+  template <class D> HWY_INLINE hn::Vec<D> operator()(D d, hn::Vec<D> x) const {
+    static_assert(std::is_same_v<hn::TFromD<D>, double>, "powf computes in f64 lanes");
+    if (e == 0.0) return hn::Set(d, 1.0);
+    const auto mag = SafeExp(d, hn::Mul(hn::Set(d, e), SafeLog(d, hn::Abs(x))));
+    auto r = is_odd ? hn::CopySign(mag, x) : mag;
+    if (!is_int) {
+      const auto neg_finite = hn::And(hn::Lt(x, hn::Zero(d)), hn::Gt(x, hn::Neg(hn::Inf(d))));
+      r = hn::IfThenElse(neg_finite, hn::NaN(d), r);
+    }
+    return r;
+  }
+};
+
+// ---- loops ------------------------------------------------------------------------------------
+
+/// out[i] = op(in[i]) for i < n, in D's lanes; the tail (n % Lanes) reads and writes only [0, n).
+template <class D, class T, class Op>
+HWY_INLINE void Apply(D d, const T* HWY_RESTRICT in, T* HWY_RESTRICT out, size_t n,
+                      const Op& op) {
+  const size_t N = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + 2 * N <= n; i += 2 * N) {
+    const auto x0 = LoadAs(d, in + i);
+    const auto x1 = LoadAs(d, in + i + N);
+    StoreFrom(d, op(d, x0), out + i);
+    StoreFrom(d, op(d, x1), out + i + N);
+  }
+  for (; i + N <= n; i += N) StoreFrom(d, op(d, LoadAs(d, in + i)), out + i);
+  if (i < n) StoreFromN(d, op(d, LoadAsN(d, in + i, n - i)), out + i, n - i);
+}
+
+template <class T>
+HWY_INLINE void UnaryT(int op, const T* HWY_RESTRICT in, T* HWY_RESTRICT out, size_t n,
+                       double f0, double f1) {
+  const hn::ScalableTag<compute_t<T>> d;
+  const hn::ScalableTag<double> dd;
+  switch (static_cast<OpId>(op)) {
+    case OpId::neg: return Apply(d, in, out, n, NegOp());
+    case OpId::abs: return Apply(d, in, out, n, AbsOp());
+    case OpId::exp: return Apply(d, in, out, n, ExpOp());
+    case OpId::log: return Apply(d, in, out, n, LogOp());
+    case OpId::sqrt: return Apply(d, in, out, n, SqrtOp());
+    case OpId::rsqrt: return Apply(d, in, out, n, RsqrtOp());
+    case OpId::recip: return Apply(d, in, out, n, RecipOp());
+    case OpId::sqr: return Apply(d, in, out, n, SqrOp());
+    case OpId::tanh: return Apply(d, in, out, n, TanhOp());
+    case OpId::sigmoid: return Apply(d, in, out, n, SigmoidOp());
+    case OpId::relu: return Apply(d, in, out, n, ReluOp());
+    case OpId::gelu: return Apply(d, in, out, n, GeluOp());
+    case OpId::gelu_erf: return Apply(dd, in, out, n, GeluErfF64());
+    case OpId::silu: return Apply(d, in, out, n, SiluOp());
+    case OpId::sin: return Apply(d, in, out, n, SinOp());
+    case OpId::cos: return Apply(d, in, out, n, CosOp());
+    case OpId::affine: return Apply(d, in, out, n, AffineOp{f0, f1});
+    case OpId::clamp: return Apply(d, in, out, n, ClampOp{f0, f1});
+    case OpId::powf: {
+      if constexpr (std::is_same_v<T, double>) {
+        for (size_t i = 0; i < n; ++i) out[i] = std::pow(in[i], f0);
+      } else if (!std::isfinite(f0)) {
+        for (size_t i = 0; i < n; ++i)
+          out[i] = round_to<T>(std::pow(static_cast<double>(widen(in[i])), f0));
+      } else {
+        const bool is_int = f0 == std::trunc(f0);
+        const bool is_odd = is_int && std::fabs(std::fmod(f0, 2.0)) == 1.0;
+        Apply(dd, in, out, n, PowOp{f0, is_int, is_odd});
+      }
+      return;
+    }
+    default: HWY_ASSERT(false);
+  }
+}
+
+void UnaryBF16(int op, const bf16* HWY_RESTRICT in, bf16* HWY_RESTRICT out, size_t n, double f0,
+               double f1) {
+  UnaryT(op, in, out, n, f0, f1);
+}
+void UnaryF16(int op, const f16* HWY_RESTRICT in, f16* HWY_RESTRICT out, size_t n, double f0,
+              double f1) {
+  UnaryT(op, in, out, n, f0, f1);
+}
+void UnaryF32(int op, const float* HWY_RESTRICT in, float* HWY_RESTRICT out, size_t n, double f0,
+              double f1) {
+  UnaryT(op, in, out, n, f0, f1);
+}
+void UnaryF64(int op, const double* HWY_RESTRICT in, double* HWY_RESTRICT out, size_t n,
+              double f0, double f1) {
+  UnaryT(op, in, out, n, f0, f1);
+}
+
+}  // namespace taper::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace taper::cpu {
+
+HWY_EXPORT(UnaryBF16);
+HWY_EXPORT(UnaryF16);
+HWY_EXPORT(UnaryF32);
+HWY_EXPORT(UnaryF64);
+
+namespace {
+
+/// Elements per work item inside one inner run; a thread takes whole items.
+constexpr size_t kBlock = 4096;
+/// Elements gathered at a time from a non-unit-stride run (a stack buffer).
+constexpr size_t kGather = 512;
+
+void unary_simd(int op, const bf16* in, bf16* out, size_t n, double f0, double f1) {
+  HWY_DYNAMIC_DISPATCH(UnaryBF16)(op, in, out, n, f0, f1);
+}
+void unary_simd(int op, const f16* in, f16* out, size_t n, double f0, double f1) {
+  HWY_DYNAMIC_DISPATCH(UnaryF16)(op, in, out, n, f0, f1);
+}
+void unary_simd(int op, const float* in, float* out, size_t n, double f0, double f1) {
+  HWY_DYNAMIC_DISPATCH(UnaryF32)(op, in, out, n, f0, f1);
+}
+void unary_simd(int op, const double* in, double* out, size_t n, double f0, double f1) {
+  HWY_DYNAMIC_DISPATCH(UnaryF64)(op, in, out, n, f0, f1);
+}
+
+/// Calls f(in, in_stride, out, len) over x's elements in row-major order, in blocks of at most
+/// kBlock elements spread over the thread pool; `out` is contiguous with x's shape.
+template <class T, class F> void for_each_run(const Tensor& x, const Tensor& y, F&& f) {
+  if (x.elem_count() == 0) return;
+  const StridedLoop<2> loop(x.shape(), {&y.strides(), &x.strides()});
+  TAPER_ASSERT(loop.inner_stride[0] == 1 || loop.inner == 1);
+  const T* src = x.data<T>();
+  T* dst = y.data<T>();
+  const size_t inner = loop.inner;
+  const size_t per_run = (inner + kBlock - 1) / kBlock;
+  const size_t items = loop.outer_count * per_run;
+  const size_t grain = std::max<size_t>(1, kElemGrain / std::min(inner, kBlock));
+  parallel_for(items, grain, [&](size_t begin, size_t end) {
+    for (size_t it = begin; it < end; ++it) {
+      const size_t run = it / per_run;
+      const size_t start = (it % per_run) * kBlock;
+      const size_t len = std::min(kBlock, inner - start);
+      const auto off = loop.offsets(run);
+      const int64_t s = loop.inner_stride[1];
+      f(src + off[1] + static_cast<int64_t>(start) * s, s, dst + off[0] + start, len);
+    }
+  });
+}
+
+template <class T> void unary_float(OpId op, const Tensor& x, const Tensor& y, const OpAttrs& a) {
+  for_each_run<T>(x, y, [&](const T* in, int64_t s, T* out, size_t len) {
+    if (s == 1) {
+      unary_simd(static_cast<int>(op), in, out, len, a.f0, a.f1);
+      return;
+    }
+    T buf[kGather];
+    for (size_t c = 0; c < len; c += kGather) {
+      const size_t m = std::min(kGather, len - c);
+      for (size_t k = 0; k < m; ++k) buf[k] = in[static_cast<int64_t>(c + k) * s];
+      unary_simd(static_cast<int>(op), buf, out + c, m, a.f0, a.f1);
+    }
+  });
+}
+
+// ---- integer ops (scalar) ---------------------------------------------------------------------
+
+template <class T> T wrap_neg(T x) {
+  return static_cast<T>(std::make_unsigned_t<T>(0) - static_cast<std::make_unsigned_t<T>>(x));
+}
+template <class T> T wrap_mul(T a, T b) {
+  return static_cast<T>(static_cast<uint64_t>(static_cast<std::make_unsigned_t<T>>(a)) *
+                        static_cast<uint64_t>(static_cast<std::make_unsigned_t<T>>(b)));
+}
+/// Round toward zero, saturate to T's range, NaN -> 0.
+template <class T> T saturate(double v) {
+  if (std::isnan(v)) return T{0};
+  if (v <= static_cast<double>(std::numeric_limits<T>::lowest())) return std::numeric_limits<T>::lowest();
+  if (v >= static_cast<double>(std::numeric_limits<T>::max())) return std::numeric_limits<T>::max();
+  return static_cast<T>(v);
+}
+
+template <class T, class F> void int_map(const Tensor& x, const Tensor& y, F f) {
+  for_each_run<T>(x, y, [&](const T* in, int64_t s, T* out, size_t len) {
+    for (size_t k = 0; k < len; ++k) out[k] = f(in[static_cast<int64_t>(k) * s]);
+  });
+}
+
+// neg/abs/sqr wrap (two's complement); affine with integer mul/add wraps like the binary ops,
+// with fractional ones it goes through double (round toward zero, saturate); clamp bounds are
+// ceil(lo), floor(hi).
+template <class T> void unary_int(OpId op, const Tensor& x, const Tensor& y, const OpAttrs& a) {
+  constexpr bool kSigned = std::is_signed_v<T>;
+  switch (op) {
+    case OpId::neg: return int_map<T>(x, y, [](T v) { return wrap_neg(v); });
+    case OpId::abs: return int_map<T>(x, y, [](T v) { return (kSigned && v < T{0}) ? wrap_neg(v) : v; });
+    case OpId::relu: return int_map<T>(x, y, [](T v) { return (kSigned && v < T{0}) ? T{0} : v; });
+    case OpId::sqr: return int_map<T>(x, y, [](T v) { return wrap_mul(v, v); });
+    case OpId::affine: {
+      const double lim = 9007199254740992.0;  // 2^53
+      if (a.f0 == std::trunc(a.f0) && a.f1 == std::trunc(a.f1) && std::fabs(a.f0) <= lim &&
+          std::fabs(a.f1) <= lim) {
+        using U = std::make_unsigned_t<T>;
+        const U m = static_cast<U>(static_cast<T>(static_cast<int64_t>(a.f0)));
+        const U c = static_cast<U>(static_cast<T>(static_cast<int64_t>(a.f1)));
+        return int_map<T>(x, y, [m, c](T v) {
+          return static_cast<T>(static_cast<U>(wrap_mul(static_cast<T>(v), static_cast<T>(m))) + c);
+        });
+      }
+      return int_map<T>(x, y, [&a](T v) { return saturate<T>(static_cast<double>(v) * a.f0 + a.f1); });
+    }
+    case OpId::clamp: {
+      const T lo = saturate<T>(std::ceil(a.f0)), hi = saturate<T>(std::floor(a.f1));
+      const double dlo = a.f0, dhi = a.f1;
+      return int_map<T>(x, y, [=](T v) {
+        const double dv = static_cast<double>(v);
+        return dv < dlo ? lo : (dv > dhi ? hi : v);
+      });
+    }
+    default: TAPER_ASSERT(false && "integer unary op without a kernel");
+  }
+}
+
+template <OpId kOp>
+std::vector<Tensor> unary_kernel(const std::vector<Tensor>& in, const OpAttrs& attrs) {
+  const Tensor& x = in[0];
+  Tensor y = new_output(x.shape(), x.dtype());
+  visit_dtype(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16> ||
+                  std::is_floating_point_v<T>) {
+      unary_float<T>(kOp, x, y, attrs);
+    } else {
+      unary_int<T>(kOp, x, y, attrs);
+    }
+  });
+  return {y};
+}
+
+constexpr uint32_t kIntDTypes = dtype_bit(DType::U8) | dtype_bit(DType::U32) | dtype_bit(DType::I64);
+
+struct UnaryRegistrar {
+  UnaryRegistrar() {
+    const auto reg = [](OpId op, KernelFn fn, uint32_t extra) {
+      register_kernel(op, DeviceKind::Cpu, kFloatDTypes | extra, fn, /*needs_contiguous=*/false);
+    };
+    reg(OpId::neg, &unary_kernel<OpId::neg>, dtype_bit(DType::I64));
+    reg(OpId::abs, &unary_kernel<OpId::abs>, kIntDTypes);
+    reg(OpId::exp, &unary_kernel<OpId::exp>, 0);
+    reg(OpId::log, &unary_kernel<OpId::log>, 0);
+    reg(OpId::sqrt, &unary_kernel<OpId::sqrt>, 0);
+    reg(OpId::rsqrt, &unary_kernel<OpId::rsqrt>, 0);
+    reg(OpId::recip, &unary_kernel<OpId::recip>, 0);
+    reg(OpId::sqr, &unary_kernel<OpId::sqr>, kIntDTypes);
+    reg(OpId::tanh, &unary_kernel<OpId::tanh>, 0);
+    reg(OpId::sigmoid, &unary_kernel<OpId::sigmoid>, 0);
+    reg(OpId::relu, &unary_kernel<OpId::relu>, kIntDTypes);
+    reg(OpId::gelu, &unary_kernel<OpId::gelu>, 0);
+    reg(OpId::gelu_erf, &unary_kernel<OpId::gelu_erf>, 0);
+    reg(OpId::silu, &unary_kernel<OpId::silu>, 0);
+    reg(OpId::sin, &unary_kernel<OpId::sin>, 0);
+    reg(OpId::cos, &unary_kernel<OpId::cos>, 0);
+    reg(OpId::powf, &unary_kernel<OpId::powf>, 0);
+    reg(OpId::affine, &unary_kernel<OpId::affine>, kIntDTypes);
+    reg(OpId::clamp, &unary_kernel<OpId::clamp>, kIntDTypes);
+  }
+};
+const UnaryRegistrar g_unary_registrar;
+
+}  // namespace
+}  // namespace taper::cpu
+#endif  // HWY_ONCE

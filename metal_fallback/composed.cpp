@@ -1,0 +1,126 @@
+// composed.cpp: the composed forms of the fused ops (taper::composed), written only with
+// primitive tensor ops, and their registration as the fallback of each fused registry entry.
+//
+// What it is: the same maths as the fused kernels (cpu/softmax.cpp, cpu/norm.cpp) from exp, log,
+// rsqrt, add/sub/mul/div, max/sum reductions with keepdim, reshape and to_dtype; each primitive
+// records its own autograd edge, so these forms are differentiable on any device that has the
+// primitives. bf16/f16 inputs are upcast to f32 first, computed in f32 and cast back once (one
+// rounding, as the fused kernels). Also the reference the fused ops are tested and benched
+// against.
+// What it is not: fast (every step is a pass over memory), or a backward formula: autograd
+// differentiates through the primitives.
+//
+// Shape letters: x (..., D) for softmax, rms_norm, layer_norm; (N, C, *) for group_norm with G
+// groups; w, b (D) or (C), or empty for no affine.
+#include <cstddef>
+#include <vector>
+
+#include "taper/op.h"
+#include "taper/ops.h"
+
+namespace taper::composed {
+namespace {
+
+bool present(const Tensor& t) { return t.defined() && t.elem_count() > 0; }
+
+/// The compute dtype of a dtype: f32 for the half types, itself otherwise.
+DType compute_dtype(DType dt) { return is_half(dt) ? DType::F32 : dt; }
+
+/// `t` in its compute dtype (a no-op unless `t` is bf16/f16).
+Tensor upcast(const Tensor& t) {
+  const DType c = compute_dtype(t.dtype());
+  return c == t.dtype() ? t : t.to_dtype(c);
+}
+
+/// `t` back in `dt`, rounded once.
+Tensor downcast(const Tensor& t, DType dt) { return t.dtype() == dt ? t : t.to_dtype(dt); }
+
+/// Sum over the last dim divided by its length, kept as a size-1 dim.
+Tensor mean_last(const Tensor& t) {
+  return t.sum({-1}, /*keepdim=*/true) / static_cast<double>(t.dim(-1));
+}
+
+/// y * w + b with w, b of shape `pshape` broadcast against y (each optional).
+Tensor affine(Tensor y, const Tensor& w, const Tensor& b, const Shape& pshape) {
+  if (present(w)) y = y * upcast(w).reshape(pshape);
+  if (present(b)) y = y + upcast(b).reshape(pshape);
+  return y;
+}
+
+}  // namespace
+
+Tensor softmax_last_dim(const Tensor& x) {
+  const Tensor xc = upcast(x);
+  const Tensor e = (xc - xc.max({-1}, /*keepdim=*/true)).exp();
+  return downcast(e / e.sum({-1}, /*keepdim=*/true), x.dtype());
+}
+
+Tensor log_softmax_last_dim(const Tensor& x) {
+  const Tensor xc = upcast(x);
+  const Tensor z = xc - xc.max({-1}, /*keepdim=*/true);
+  return downcast(z - z.exp().sum({-1}, /*keepdim=*/true).log(), x.dtype());
+}
+
+Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) {
+  const Tensor xc = upcast(x);
+  const Tensor rstd = (mean_last(xc * xc) + eps).rsqrt();
+  return downcast(affine(xc * rstd, w, Tensor(), Shape({x.dim(-1)})), x.dtype());
+}
+
+Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
+  const Tensor xc = upcast(x);
+  const Tensor xm = xc - mean_last(xc);  // two-pass: the variance of the centred values
+  const Tensor rstd = (mean_last(xm * xm) + eps).rsqrt();
+  const Shape pshape({x.dim(-1)});
+  return downcast(affine(xm * rstd, w, b, pshape), x.dtype());
+}
+
+Tensor group_norm(const Tensor& x, size_t num_groups, const Tensor& w, const Tensor& b,
+                  double eps) {
+  const size_t N = x.dim(0), C = x.dim(1), G = num_groups;
+  size_t S = 1;  // spatial positions per channel
+  for (size_t k = 2; k < x.rank(); ++k) S *= x.dim(static_cast<int64_t>(k));
+  const size_t per_group = C / G * S;  // statistics run over C/G channels x S positions
+  const Tensor xg = upcast(x).reshape(Shape({N, G, per_group}));
+  const Tensor xm = xg - mean_last(xg);
+  const Tensor rstd = (mean_last(xm * xm) + eps).rsqrt();
+  const Tensor y = (xm * rstd).reshape(x.shape());
+  // w, b as (C, 1, ..., 1): they broadcast over N and the spatial dims.
+  std::vector<size_t> pdims(x.rank() - 1, 1);
+  pdims[0] = C;
+  return downcast(affine(y, w, b, Shape(pdims)), x.dtype());
+}
+
+namespace {
+
+// Registry adaptors: the op's inputs and attrs in, the user-visible outputs out.
+std::vector<Tensor> softmax_fn(const std::vector<Tensor>& in, const OpAttrs&) {
+  return {softmax_last_dim(in[0])};
+}
+std::vector<Tensor> log_softmax_fn(const std::vector<Tensor>& in, const OpAttrs&) {
+  return {log_softmax_last_dim(in[0])};
+}
+Tensor arg(const std::vector<Tensor>& in, size_t i) { return in.size() > i ? in[i] : Tensor(); }
+std::vector<Tensor> rms_norm_fn(const std::vector<Tensor>& in, const OpAttrs& a) {
+  return {rms_norm(in[0], arg(in, 1), a.f0)};
+}
+std::vector<Tensor> layer_norm_fn(const std::vector<Tensor>& in, const OpAttrs& a) {
+  return {layer_norm(in[0], arg(in, 1), arg(in, 2), a.f0)};
+}
+std::vector<Tensor> group_norm_fn(const std::vector<Tensor>& in, const OpAttrs& a) {
+  return {group_norm(in[0], static_cast<size_t>(a.i0), arg(in, 1), arg(in, 2), a.f0)};
+}
+
+struct Registrar {
+  Registrar() {
+    register_composed(OpId::softmax_last_dim, &softmax_fn);
+    register_composed(OpId::log_softmax_last_dim, &log_softmax_fn);
+    register_composed(OpId::rms_norm, &rms_norm_fn);
+    register_composed(OpId::layer_norm, &layer_norm_fn);
+    register_composed(OpId::group_norm, &group_norm_fn);
+  }
+};
+const Registrar registrar;
+
+}  // namespace
+}  // namespace taper::composed
