@@ -1,0 +1,614 @@
+// test_fused.cpp: forward precision tests of the fused ops (softmax_last_dim,
+// log_softmax_last_dim, rms_norm, layer_norm, group_norm) and the dedicated softmax backward
+// kernels, against the scalar f64 references of cpu/fused_ref.h and against the composed forms.
+//
+// What it is: kernel vs reference (every op x bf16/f16/f32/f64 x rows of length 1, 7, 33, 1000,
+// 4099 and few/many rows x contiguous/transposed inputs), fused vs composed, special values, the
+// saved statistics' dtypes, rows split across threads, and the large precision cases of issue 3.
+// What it is not: gradient checks and backward precision of the norms (autograd's tests).
+//
+// The bound used everywhere ("the rounding floor"): for an output whose f64 reference is r,
+//   |got - r| <= ulp_T(r) / 2 + kNoise * u_c * scale
+// where ulp_T(r) is the spacing of the output dtype T at r (so ulp/2 is the error of rounding r
+// once), u_c the unit roundoff of the compute type (2^-24 for bf16/f16/f32, 2^-53 for f64), and
+// scale the magnitude of the terms the output is computed from (|y| (1 + |x - max|) for softmax,
+// |y| for rms_norm, |x - max| + |log sum| + 1 for log-softmax, (|x| + |mean|) * rstd * |w| + |b|
+// for layer/group norm).
+// For bf16/f16 the second term is ~2^-16 of the first: an output may differ from the correctly
+// rounded reference only where r lies within f32 noise of a rounding tie, never by double rounding.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "cpu/cpu_common.h"
+#include "cpu/fused_ref.h"
+#include "tests/test_util.h"
+
+namespace taper {
+namespace {
+
+using testing::LayoutKind;
+using testing::unit_roundoff;
+using testing::values;
+using testing::with_layout;
+
+TAPER_COVERS(Forward, OpId::softmax_last_dim, OpId::log_softmax_last_dim,
+             OpId::softmax_last_dim_bwd, OpId::log_softmax_last_dim_bwd, OpId::rms_norm,
+             OpId::layer_norm, OpId::group_norm);
+
+/// Multiple of the compute type's unit roundoff allowed for the computation's own error (sums of
+/// up to ~10^5 terms in 4 x Lanes accumulators, exp at 1 ulp, a handful of roundings).
+constexpr double kNoise = 64;
+constexpr double kEps = 1e-5;
+
+enum class FOp { Softmax, LogSoftmax, RmsNorm, LayerNorm, GroupNorm };
+
+const char* fop_name(FOp op) {
+  switch (op) {
+    case FOp::Softmax: return "softmax";
+    case FOp::LogSoftmax: return "log_softmax";
+    case FOp::RmsNorm: return "rms_norm";
+    case FOp::LayerNorm: return "layer_norm";
+    case FOp::GroupNorm: return "group_norm";
+  }
+  return "?";
+}
+
+bool is_norm(FOp op) { return op == FOp::RmsNorm || op == FOp::LayerNorm || op == FOp::GroupNorm; }
+
+/// The spacing of dtype dt's values in the binade of v (subnormal spacing below the normals).
+double ulp_at(DType dt, double v) {
+  int p = 53, emin = -1022;
+  switch (dt) {
+    case DType::BF16: p = 8, emin = -126; break;
+    case DType::F16: p = 11, emin = -14; break;
+    case DType::F32: p = 24, emin = -126; break;
+    default: break;
+  }
+  const double a = std::abs(v);
+  const int e = a > 0 ? std::max(std::ilogb(a), emin) : emin;
+  return std::ldexp(1.0, e - p + 1);
+}
+
+/// The compute type's unit roundoff.
+double compute_u(DType dt) { return dt == DType::F64 ? std::ldexp(1.0, -53) : std::ldexp(1.0, -24); }
+
+/// The rounding-floor bound of the file header. `ulps` scales the first term (1/2: one correct
+/// rounding of the reference; 1: two independently rounded results compared with each other).
+::testing::AssertionResult at_floor(const std::vector<double>& got, const std::vector<double>& ref,
+                                    const std::vector<double>& scale, DType dt, double ulps = 0.5,
+                                    double noise = kNoise) {
+  if (got.size() != ref.size())
+    return ::testing::AssertionFailure() << "size " << got.size() << " vs " << ref.size();
+  size_t bad = 0, first = 0, inexact = 0;
+  double worst = 0;
+  size_t worst_i = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double g = got[i], r = ref[i];
+    bool ok;
+    double ratio = 0;
+    if (std::isnan(r) || std::isnan(g)) {
+      ok = std::isnan(r) && std::isnan(g);
+    } else if (std::isinf(r) || std::isinf(g)) {
+      ok = g == r;
+    } else {
+      const double bound = ulps * ulp_at(dt, r) + noise * compute_u(dt) * scale[i];
+      const double err = std::abs(g - r);
+      ok = err <= bound;
+      ratio = bound > 0 ? err / bound : (err > 0 ? 1e300 : 0);
+      if (err > 0.5 * ulp_at(dt, r)) ++inexact;
+    }
+    if (!ok) ratio = std::max(ratio, 1e300);
+    if (ratio > worst) worst = ratio, worst_i = i;
+    if (!ok && bad++ == 0) first = i;
+  }
+  if (bad == 0) return ::testing::AssertionSuccess() << inexact << " beyond ulp/2";
+  return ::testing::AssertionFailure()
+         << bad << " of " << got.size() << " outside the floor; first at " << first << ": got "
+         << got[first] << " want " << ref[first] << " (scale " << scale[first] << "); worst at "
+         << worst_i << ": got " << got[worst_i] << " want " << ref[worst_i];
+}
+
+// ---- inputs, references and the three ways to run an op --------------------------------------
+
+struct Problem {
+  FOp op;
+  Tensor x, w, b;  // w, b: empty tensors for no affine (norms only)
+  size_t groups = 1;
+};
+
+Tensor empty_of(DType dt) { return Tensor::zeros(Shape({0}), dt); }
+
+/// Random inputs for `op` on `shape`, rounded to `dt`: softmax inputs randn * 3, norm inputs
+/// randn + 0.5, weights in +-[0.5, 1.5], biases in [-1, 1].
+Problem make_problem(FOp op, DType dt, const Shape& shape, uint64_t seed, bool affine = true,
+                     size_t groups = 1, double offset = 0.5) {
+  Problem p;
+  p.op = op;
+  p.groups = groups;
+  if (!is_norm(op)) {
+    p.x = Tensor::randn(shape, dt, Device::cpu(), seed, 0.0, 3.0);
+    return p;
+  }
+  p.x = Tensor::randn(shape, dt, Device::cpu(), seed, offset, 1.0);
+  const size_t P = op == FOp::GroupNorm ? shape[1] : shape[shape.rank() - 1];
+  if (affine) {
+    std::vector<double> w = values(testing::random_tensor(Shape({P}), DType::F64, seed + 1, 0.5, 1.5));
+    for (size_t i = 0; i < P; i += 3) w[i] = -w[i];
+    p.w = Tensor::from_vector(w, Shape({P})).to_dtype(dt);
+    if (op != FOp::RmsNorm) p.b = testing::random_tensor(Shape({P}), dt, seed + 2, -1.0, 1.0);
+  }
+  if (!p.w.defined()) p.w = empty_of(dt);
+  if (!p.b.defined()) p.b = empty_of(dt);
+  return p;
+}
+
+/// The f64 reference and the per-element scale of the rounding-floor bound.
+struct Expected {
+  std::vector<double> y, scale, mean, rstd;
+};
+
+Expected reference(const Problem& p) {
+  const std::vector<double> x = values(p.x);
+  const size_t D = p.x.dims().back();
+  Expected e;
+  switch (p.op) {
+    case FOp::Softmax:
+    case FOp::LogSoftmax: {
+      const bool log = p.op == FOp::LogSoftmax;
+      e.y = log ? ref::log_softmax_fwd(x, D) : ref::softmax_fwd(x, D);
+      e.scale.resize(x.size());
+      for (size_t r = 0; r * D < x.size(); ++r) {
+        double m = -std::numeric_limits<double>::infinity();
+        for (size_t i = 0; i < D; ++i) m = std::max(m, x[r * D + i]);
+        double s = 0;
+        for (size_t i = 0; i < D; ++i) s += std::exp(x[r * D + i] - m);
+        // x - max rounds in the compute type (exactly for bf16/f16 inputs, not for f32) and exp
+        // turns that absolute error into a relative one: softmax's scale is |y| (1 + |x - max|).
+        // log sum has an absolute error of the sum's relative error: hence the + 1.
+        for (size_t i = 0; i < D; ++i) {
+          const size_t j = r * D + i;
+          e.scale[j] = log ? std::abs(x[j] - m) + std::abs(std::log(s)) + 1.0
+                           : (e.y[j] == 0 ? 0.0 : std::abs(e.y[j]) * (1.0 + std::abs(x[j] - m)));
+        }
+      }
+      return e;
+    }
+    default: break;
+  }
+  const std::vector<double> w = p.w.elem_count() ? values(p.w) : std::vector<double>();
+  const std::vector<double> b = p.b.elem_count() ? values(p.b) : std::vector<double>();
+  ref::NormFwd o;
+  size_t S = 1, P = D;  // elements per affine parameter, parameters
+  if (p.op == FOp::RmsNorm) o = ref::rms_norm_fwd(x, w, D, kEps);
+  if (p.op == FOp::LayerNorm) o = ref::layer_norm_fwd(x, w, b, D, kEps);
+  if (p.op == FOp::GroupNorm) {
+    const size_t N = p.x.dim(0), C = p.x.dim(1);
+    S = x.size() / (N * C);
+    P = C;
+    o = ref::group_norm_fwd(x, w, b, N, C, S, p.groups, kEps);
+  }
+  e.y = o.y;
+  e.mean = o.mean;
+  e.rstd = o.rstd;
+  e.scale.resize(x.size());
+  const size_t L = x.size() / std::max<size_t>(o.rstd.size(), 1);  // elements per statistic
+  for (size_t i = 0; i < x.size(); ++i) {
+    const size_t k = L ? i / L : 0, c = (i / S) % P;
+    const double mean = o.mean.empty() ? 0.0 : o.mean[k];
+    e.scale[i] = (std::abs(x[i]) + std::abs(mean)) * o.rstd[k] * (w.empty() ? 1.0 : std::abs(w[c])) +
+                 (b.empty() ? 0.0 : std::abs(b[c])) + std::abs(o.y[i]);
+  }
+  return e;
+}
+
+Tensor run_public(const Problem& p, bool composed) {
+  switch (p.op) {
+    case FOp::Softmax:
+      return composed ? composed::softmax_last_dim(p.x) : ops::softmax_last_dim(p.x);
+    case FOp::LogSoftmax:
+      return composed ? composed::log_softmax_last_dim(p.x) : ops::log_softmax_last_dim(p.x);
+    case FOp::RmsNorm:
+      return composed ? composed::rms_norm(p.x, p.w, kEps) : ops::rms_norm(p.x, p.w, kEps);
+    case FOp::LayerNorm:
+      return composed ? composed::layer_norm(p.x, p.w, p.b, kEps)
+                      : ops::layer_norm(p.x, p.w, p.b, kEps);
+    case FOp::GroupNorm:
+      return composed ? composed::group_norm(p.x, p.groups, p.w, p.b, kEps)
+                      : ops::group_norm(p.x, p.groups, p.w, p.b, kEps);
+  }
+  return Tensor();
+}
+
+OpId op_id(FOp op) {
+  switch (op) {
+    case FOp::Softmax: return OpId::softmax_last_dim;
+    case FOp::LogSoftmax: return OpId::log_softmax_last_dim;
+    case FOp::RmsNorm: return OpId::rms_norm;
+    case FOp::LayerNorm: return OpId::layer_norm;
+    case FOp::GroupNorm: return OpId::group_norm;
+  }
+  return OpId::Count;
+}
+
+/// Every output of the CPU kernel, saved statistics included (inputs made contiguous, as the
+/// dispatcher does for kernels registered needs_contiguous).
+std::vector<Tensor> run_kernel(const Problem& p) {
+  const KernelSlot& k = op_def(op_id(p.op)).kernels[static_cast<int>(DeviceKind::Cpu)];
+  EXPECT_NE(k.fn, nullptr) << fop_name(p.op) << " has no CPU kernel";
+  OpAttrs a;
+  a.f0 = kEps;
+  a.i0 = static_cast<int64_t>(p.groups);
+  std::vector<Tensor> in = {p.x.contiguous()};
+  if (p.op == FOp::RmsNorm) in.push_back(p.w.contiguous());
+  if (p.op == FOp::LayerNorm || p.op == FOp::GroupNorm) {
+    in.push_back(p.w.contiguous());
+    in.push_back(p.b.contiguous());
+  }
+  return k.fn(in, a);
+}
+
+/// Fused and composed against the reference, and against each other (f64: 1e-10 relative to
+/// the scale; f32: 1e-5; halves: one ulp, both being one rounding of nearly the same f32 value).
+void check_problem(const Problem& p, const Expected& e) {
+  const DType dt = p.x.dtype();
+  const std::vector<double> fused = values(run_public(p, false));
+  const std::vector<double> comp = values(run_public(p, true));
+  EXPECT_TRUE(at_floor(fused, e.y, e.scale, dt)) << "fused vs reference";
+  // The composed form rounds between its own f32 steps (sum, mean, rsqrt kernels): same floor.
+  EXPECT_TRUE(at_floor(comp, e.y, e.scale, dt)) << "composed vs reference";
+  if (dt == DType::F64 || dt == DType::F32) {
+    const double tol = dt == DType::F64 ? 1e-10 : 1e-5;
+    EXPECT_TRUE(at_floor(fused, comp, e.scale, DType::F64, 0.0, tol / compute_u(DType::F64)))
+        << "fused vs composed, relative " << tol;
+  } else {
+    EXPECT_TRUE(at_floor(fused, comp, e.scale, dt, 1.0)) << "fused vs composed";
+  }
+}
+
+// ---- every op x dtype x layout over the row lengths ------------------------------------------
+
+using FwdParam = std::tuple<FOp, DType, LayoutKind>;
+
+class FusedForward : public ::testing::TestWithParam<FwdParam> {};
+
+TEST_P(FusedForward, MatchesReferenceAndComposed) {
+  const auto [op, dt, layout] = GetParam();
+  uint64_t seed = 100;
+  std::vector<Shape> shapes;
+  if (op == FOp::GroupNorm) {
+    // (N, C, *) with groups chosen below: group lengths 1, 14, 66, 2000, 12297, 80000.
+    shapes = {Shape({3, 4}), Shape({2, 6, 7}), Shape({1, 8, 33}), Shape({2, 4, 10, 100}),
+              Shape({1, 6, 4099}), Shape({67, 4, 7}), Shape({1, 2, 40000})};
+  } else {
+    for (size_t D : {1, 7, 33, 1000, 4099})
+      for (size_t R : {1, 3, 67}) shapes.push_back(Shape({R, D}));
+  }
+  for (const Shape& s : shapes) {
+    size_t groups = 1;
+    if (op == FOp::GroupNorm) groups = s[1] == 4 && s.rank() == 2 ? 4 : (s[1] % 3 == 0 ? 3 : 2);
+    for (bool affine : {true, false}) {
+      if (!is_norm(op) && !affine) continue;
+      Problem p = make_problem(op, dt, s, ++seed, affine, groups);
+      SCOPED_TRACE(std::string(fop_name(op)) + " " + std::string(dtype_name(dt)) + " " +
+                   s.to_string() + (affine ? " affine" : " plain") + " G=" +
+                   std::to_string(groups) + " " + testing::layout_name(layout));
+      const Expected e = reference(p);
+      p.x = with_layout(p.x, layout);
+      check_problem(p, e);
+    }
+  }
+}
+
+std::string fwd_name(const ::testing::TestParamInfo<FwdParam>& info) {
+  return std::string(fop_name(std::get<0>(info.param))) + "_" +
+         std::string(dtype_name(std::get<1>(info.param))) + "_" +
+         testing::layout_name(std::get<2>(info.param));
+}
+
+constexpr DType kDTypes[] = {DType::BF16, DType::F16, DType::F32, DType::F64};
+
+INSTANTIATE_TEST_SUITE_P(
+    Fused, FusedForward,
+    ::testing::Combine(::testing::Values(FOp::Softmax, FOp::LogSoftmax, FOp::RmsNorm,
+                                         FOp::LayerNorm, FOp::GroupNorm),
+                       ::testing::ValuesIn(kDTypes),
+                       ::testing::Values(LayoutKind::Contiguous, LayoutKind::Transposed)),
+    fwd_name);
+
+// ---- rows split across threads, and rows longer than the kernels' scratch and chunks ---------
+
+class FusedLongRows : public ::testing::TestWithParam<DType> {};
+
+TEST_P(FusedLongRows, AnyThreadCount) {
+  const DType dt = GetParam();
+  const size_t saved = cpu::num_threads();
+  for (size_t threads : {size_t{1}, size_t{4}}) {
+    cpu::set_num_threads(threads);
+    for (FOp op : {FOp::Softmax, FOp::LogSoftmax, FOp::RmsNorm, FOp::LayerNorm, FOp::GroupNorm}) {
+      // One row of 262147 (split inside the row), 2 rows of 100003, 9 rows of 40000 (whole rows
+      // longer than the softmax scratch, statistics over several chunks).
+      const std::vector<Shape> shapes =
+          op == FOp::GroupNorm
+              ? std::vector<Shape>{Shape({1, 4, 65537}), Shape({2, 2, 100003}), Shape({9, 2, 20000})}
+              : std::vector<Shape>{Shape({1, 262147}), Shape({2, 100003}), Shape({9, 40000})};
+      for (const Shape& s : shapes) {
+        const size_t groups = op == FOp::GroupNorm ? (s[1] == 4 ? 2 : 1) : 1;
+        const Problem p = make_problem(op, dt, s, 7 + threads, true, groups);
+        SCOPED_TRACE(std::string(fop_name(op)) + " " + s.to_string() + " threads " +
+                     std::to_string(threads));
+        const Expected e = reference(p);
+        EXPECT_TRUE(at_floor(values(run_public(p, false)), e.y, e.scale, dt));
+      }
+    }
+  }
+  cpu::set_num_threads(saved);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fused, FusedLongRows, ::testing::ValuesIn(kDTypes),
+                         [](const ::testing::TestParamInfo<DType>& i) {
+                           return std::string(dtype_name(i.param));
+                         });
+
+// ---- saved statistics ------------------------------------------------------------------------
+
+class FusedStats : public ::testing::TestWithParam<DType> {};
+
+TEST_P(FusedStats, DtypeShapeAndValues) {
+  const DType dt = GetParam();
+  const DType want = dt == DType::F64 ? DType::F64 : DType::F32;
+  struct C {
+    FOp op;
+    Shape shape;
+    size_t groups;
+    std::vector<size_t> stat_dims;
+  };
+  const C cases[] = {{FOp::RmsNorm, Shape({2, 3, 50}), 1, {2, 3}},
+                     {FOp::LayerNorm, Shape({2, 3, 50}), 1, {2, 3}},
+                     {FOp::LayerNorm, Shape({1, 20000}), 1, {1}},
+                     {FOp::GroupNorm, Shape({2, 6, 5, 5}), 3, {2, 3}},
+                     {FOp::GroupNorm, Shape({1, 4, 9000}), 2, {1, 2}}};
+  for (const C& c : cases) {
+    SCOPED_TRACE(std::string(fop_name(c.op)) + " " + c.shape.to_string());
+    // An offset of 16 makes a statistic rounded to bf16/f16 visibly wrong (ulp 1/8 there).
+    const Problem p = make_problem(c.op, dt, c.shape, 33, true, c.groups, 16.0);
+    const Expected e = reference(p);
+    const std::vector<Tensor> out = run_kernel(p);
+    ASSERT_EQ(out.size(), c.op == FOp::RmsNorm ? 2u : 3u);
+    EXPECT_TRUE(at_floor(values(out[0]), e.y, e.scale, dt));
+    for (size_t k = 1; k < out.size(); ++k) {
+      EXPECT_EQ(out[k].dtype(), want);
+      EXPECT_EQ(out[k].dims(), c.stat_dims);
+    }
+    const std::vector<double>& ref_rstd = e.rstd;
+    EXPECT_TRUE(testing::all_close(values(out.back()), ref_rstd, kNoise * compute_u(dt), 0.0))
+        << "rstd";
+    if (c.op != FOp::RmsNorm) {
+      EXPECT_TRUE(testing::all_close(values(out[1]), e.mean, kNoise * compute_u(dt), 0.0))
+          << "mean";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fused, FusedStats, ::testing::ValuesIn(kDTypes),
+                         [](const ::testing::TestParamInfo<DType>& i) {
+                           return std::string(dtype_name(i.param));
+                         });
+
+// ---- special values --------------------------------------------------------------------------
+
+class FusedSpecial : public ::testing::TestWithParam<DType> {};
+
+TEST_P(FusedSpecial, SoftmaxInfNaNRows) {
+  const DType dt = GetParam();
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (size_t D : {size_t{5}, size_t{37}, size_t{40000}}) {
+    SCOPED_TRACE("D = " + std::to_string(D));
+    std::vector<double> x = values(Tensor::randn(Shape({6, D}), DType::F64, Device::cpu(), 5));
+    for (size_t i = 0; i < D; i += 2) x[0 * D + i] = -inf;  // some -inf: fine
+    for (size_t i = 0; i < D; ++i) x[1 * D + i] = -inf;     // all -inf: NaN, as PyTorch
+    x[2 * D + D / 2] = nan;                                 // a NaN: the row is NaN
+    x[3 * D + D - 1] = inf;                                 // +inf: inf - inf, NaN
+    x[4 * D + 0] = -inf;                                    // row 5 stays ordinary
+    const Tensor xt = Tensor::from_vector(x, Shape({6, D})).to_dtype(dt);
+    for (FOp op : {FOp::Softmax, FOp::LogSoftmax}) {
+      Problem p;
+      p.op = op;
+      p.x = xt;
+      const Expected e = reference(p);
+      for (size_t i = 0; i < D; ++i) {
+        ASSERT_TRUE(std::isnan(e.y[1 * D + i]) && std::isnan(e.y[2 * D + i]) &&
+                    std::isnan(e.y[3 * D + i]));
+      }
+      const std::vector<double> fused = values(run_public(p, false));
+      const std::vector<double> comp = values(run_public(p, true));
+      EXPECT_TRUE(at_floor(fused, e.y, e.scale, dt)) << fop_name(op) << " fused";
+      EXPECT_TRUE(at_floor(comp, e.y, e.scale, dt)) << fop_name(op) << " composed";
+      EXPECT_EQ(fused[0], op == FOp::Softmax ? 0.0 : -inf);
+    }
+  }
+}
+
+TEST_P(FusedSpecial, NormConstantRowsAndGroups) {
+  const DType dt = GetParam();
+  // Rows of one repeated value: variance 0, rstd = 1/sqrt(eps), output b (layer/group) and
+  // x/sqrt(x^2 + eps) * w (rms), finite.
+  for (double c : {1.5, -0.1, 1000.0}) {
+    for (size_t D : {size_t{1}, size_t{7}, size_t{4099}, size_t{20000}}) {
+      SCOPED_TRACE("value " + std::to_string(c) + " D " + std::to_string(D));
+      for (FOp op : {FOp::RmsNorm, FOp::LayerNorm, FOp::GroupNorm}) {
+        Problem p = make_problem(op, dt, op == FOp::GroupNorm ? Shape({2, 4, D}) : Shape({3, D}),
+                                 9, true, 2);
+        p.x = Tensor::full(p.x.shape(), c, dt);
+        const Expected e = reference(p);
+        const std::vector<double> got = values(run_public(p, false));
+        for (double v : got) ASSERT_TRUE(std::isfinite(v)) << fop_name(op);
+        EXPECT_TRUE(at_floor(got, e.y, e.scale, dt)) << fop_name(op) << " fused";
+        EXPECT_TRUE(at_floor(values(run_public(p, true)), e.y, e.scale, dt))
+            << fop_name(op) << " composed";
+        if (op != FOp::RmsNorm && c == 1.5) {  // the mean is exact: y is b to the bit
+          const std::vector<double> b = values(p.b);
+          const size_t P = b.size(), S = op == FOp::GroupNorm ? D : 1;
+          for (size_t i = 0; i < got.size(); ++i)
+            ASSERT_EQ(got[i], b[(i / S) % P]) << fop_name(op) << " at " << i;
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fused, FusedSpecial, ::testing::ValuesIn(kDTypes),
+                         [](const ::testing::TestParamInfo<DType>& i) {
+                           return std::string(dtype_name(i.param));
+                         });
+
+// ---- softmax backward kernels ----------------------------------------------------------------
+
+using BwdParam = std::tuple<bool, DType>;
+class SoftmaxBwdKernel : public ::testing::TestWithParam<BwdParam> {};
+
+TEST_P(SoftmaxBwdKernel, MatchesReference) {
+  const auto [log, dt] = GetParam();
+  const OpId id = log ? OpId::log_softmax_last_dim_bwd : OpId::softmax_last_dim_bwd;
+  const KernelSlot& k = op_def(id).kernels[static_cast<int>(DeviceKind::Cpu)];
+  ASSERT_NE(k.fn, nullptr);
+  const size_t saved = cpu::num_threads();
+  uint64_t seed = 500;
+  for (size_t threads : {size_t{1}, size_t{4}}) {
+    cpu::set_num_threads(threads);
+    std::vector<Shape> shapes;
+    for (size_t D : {1, 7, 33, 1000, 4099})
+      for (size_t R : {1, 3, 67}) shapes.push_back(Shape({R, D}));
+    shapes.push_back(Shape({1, 262147}));
+    shapes.push_back(Shape({9, 40000}));
+    for (const Shape& s : shapes) {
+      SCOPED_TRACE(s.to_string() + " threads " + std::to_string(threads));
+      const size_t D = s[1];
+      // y: a real (log-)softmax output of the dtype; dy: randn.
+      const Tensor x = Tensor::randn(s, dt, Device::cpu(), ++seed, 0.0, 2.0);
+      const Tensor y = log ? ops::log_softmax_last_dim(x) : ops::softmax_last_dim(x);
+      const Tensor dy = Tensor::randn(s, dt, Device::cpu(), ++seed);
+      const std::vector<double> yv = values(y), dyv = values(dy);
+      const std::vector<double> want =
+          log ? ref::log_softmax_bwd(yv, dyv, D) : ref::softmax_bwd(yv, dyv, D);
+      std::vector<double> scale(yv.size());
+      for (size_t r = 0; r < s[0]; ++r) {
+        double acc = 0, acc_abs = 0;
+        for (size_t i = 0; i < D; ++i) {
+          acc += log ? dyv[r * D + i] : dyv[r * D + i] * yv[r * D + i];
+          acc_abs += std::abs(log ? dyv[r * D + i] : dyv[r * D + i] * yv[r * D + i]);
+        }
+        // The sum's own error is relative to the sum of magnitudes.
+        for (size_t i = 0; i < D; ++i) {
+          const size_t j = r * D + i;
+          scale[j] = log ? std::abs(dyv[j]) + std::exp(yv[j]) * acc_abs
+                         : std::abs(yv[j]) * (std::abs(dyv[j]) + acc_abs);
+        }
+      }
+      const std::vector<Tensor> out = k.fn({y, dy}, OpAttrs{});
+      ASSERT_EQ(out.size(), 1u);
+      EXPECT_EQ(out[0].dtype(), dt);
+      EXPECT_TRUE(at_floor(values(out[0]), want, scale, dt));
+      if (s[0] > 1 && s[1] > 1 && s[0] * s[1] < 100000) {  // transposed y and dy, via dispatch
+        const Tensor dxt = dispatch1(id, {with_layout(y, LayoutKind::Transposed),
+                                          with_layout(dy, LayoutKind::Transposed)});
+        EXPECT_TRUE(at_floor(values(dxt), want, scale, dt)) << "transposed";
+      }
+    }
+  }
+  cpu::set_num_threads(saved);
+}
+
+TEST_P(SoftmaxBwdKernel, NaNPropagates) {
+  const auto [log, dt] = GetParam();
+  const OpId id = log ? OpId::log_softmax_last_dim_bwd : OpId::softmax_last_dim_bwd;
+  std::vector<double> y(2 * 9, log ? -2.0 : 0.1), dy(2 * 9, 0.5);
+  y[4] = std::numeric_limits<double>::quiet_NaN();
+  const std::vector<Tensor> out = op_def(id).kernels[0].fn(
+      {Tensor::from_vector(y, Shape({2, 9})).to_dtype(dt),
+       Tensor::from_vector(dy, Shape({2, 9})).to_dtype(dt)},
+      OpAttrs{});
+  const std::vector<double> dx = values(out[0]);
+  EXPECT_TRUE(std::isnan(dx[4]));
+  for (size_t i = 9; i < 18; ++i) EXPECT_TRUE(std::isfinite(dx[i])) << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fused, SoftmaxBwdKernel,
+                         ::testing::Combine(::testing::Bool(), ::testing::ValuesIn(kDTypes)),
+                         [](const ::testing::TestParamInfo<BwdParam>& i) {
+                           return std::string(std::get<0>(i.param) ? "log_softmax_" : "softmax_") +
+                                  std::string(dtype_name(std::get<1>(i.param)));
+                         });
+
+// ---- the large precision cases of issue 3 ----------------------------------------------------
+
+// bf16 softmax of (4096, 32768) randn*4: every output is the f64 reference rounded once to bf16,
+// except where the reference lies within f32 noise (kNoise * 2^-24 relative) of a rounding tie.
+TEST(FusedPrecision, Bf16SoftmaxLargeRoundsOnce) {
+  const size_t R = 4096, D = 32768;
+  const Tensor x = Tensor::randn(Shape({R, D}), DType::BF16, Device::cpu(), 2024, 0.0, 4.0);
+  const Tensor y = ops::softmax_last_dim(x);
+  ASSERT_TRUE(y.is_contiguous());
+  const Tensor xc = x.contiguous();
+  const bf16* xp = xc.data<bf16>();
+  const bf16* yp = y.data<bf16>();
+  size_t bad = 0, not_nearest = 0;
+  double worst_ulps = 0;
+  std::vector<double> e(D);
+  for (size_t r = 0; r < R; ++r) {
+    double m = -std::numeric_limits<double>::infinity(), s = 0;
+    for (size_t i = 0; i < D; ++i) m = std::max(m, static_cast<double>(xp[r * D + i]));
+    for (size_t i = 0; i < D; ++i) s += (e[i] = std::exp(static_cast<double>(xp[r * D + i]) - m));
+    for (size_t i = 0; i < D; ++i) {
+      const double ref = e[i] / s, got = static_cast<double>(yp[r * D + i]);
+      const double ulp = ulp_at(DType::BF16, ref), err = std::abs(got - ref);
+      worst_ulps = std::max(worst_ulps, err / ulp);
+      if (err > 0.5 * ulp) ++not_nearest;
+      if (err > 0.5 * ulp + kNoise * std::ldexp(ref, -24)) ++bad;
+    }
+  }
+  EXPECT_EQ(bad, 0u) << "outputs beyond ulp/2 + f32 noise; worst " << worst_ulps << " ulp";
+  // Where the reference is not near a tie the rounding is exact: only a sliver may differ.
+  EXPECT_LT(not_nearest, R * D / 1000) << "worst " << worst_ulps << " ulp";
+  RecordProperty("not_nearest", std::to_string(not_nearest));
+}
+
+// f16 group norm on (1, 16, 256, 256), 4 groups of 262144 elements: finite, at the rounding floor.
+TEST(FusedPrecision, F16GroupNormLargeGroups) {
+  const Problem p = make_problem(FOp::GroupNorm, DType::F16, Shape({1, 16, 256, 256}), 77, true, 4);
+  const Expected e = reference(p);
+  const std::vector<double> got = values(run_public(p, false));
+  for (double v : got) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_TRUE(at_floor(got, e.y, e.scale, DType::F16));
+  const std::vector<Tensor> out = run_kernel(p);
+  EXPECT_EQ(out[1].dtype(), DType::F32);
+  EXPECT_TRUE(testing::all_close(values(out[2]), e.rstd, kNoise * compute_u(DType::F16), 0.0));
+}
+
+// bf16 layer norm and group norm of inputs offset by +1 and +16 (large mean, small variance):
+// forward at the bf16 rounding floor, statistics in f32 at f32 accuracy.
+TEST(FusedPrecision, Bf16NormsWithOffsetInput) {
+  for (double offset : {1.0, 16.0}) {
+    for (FOp op : {FOp::LayerNorm, FOp::GroupNorm}) {
+      SCOPED_TRACE(std::string(fop_name(op)) + " offset " + std::to_string(offset));
+      const Shape s = op == FOp::LayerNorm ? Shape({256, 1024}) : Shape({4, 32, 16, 16});
+      const Problem p = make_problem(op, DType::BF16, s, 11, true, 8, offset);
+      const Expected e = reference(p);
+      EXPECT_TRUE(at_floor(values(run_public(p, false)), e.y, e.scale, DType::BF16));
+      EXPECT_TRUE(at_floor(values(run_public(p, true)), e.y, e.scale, DType::BF16)) << "composed";
+      const std::vector<Tensor> out = run_kernel(p);
+      EXPECT_TRUE(testing::all_close(values(out[1]), e.mean, kNoise * compute_u(DType::BF16), 0.0));
+      EXPECT_TRUE(testing::all_close(values(out[2]), e.rstd, kNoise * compute_u(DType::BF16), 0.0));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace taper
