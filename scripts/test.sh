@@ -5,6 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# The pretrained model's files and the Jane Austen texts: parity and reader tests use them.
+bash scripts/fetch_model.sh >/dev/null
+bash scripts/fetch_data.sh >/dev/null
 JOBS=$(nproc)
 T0=$SECONDS
 
