@@ -24,7 +24,7 @@ cmake --build build/consumer -j"$JOBS"
 ./build/consumer/consumer
 
 echo "== sanitizer build (ASan + UBSan, AVX2 Highway target only)"
-cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTAPER_SANITIZE=ON \
+cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS=-g1 -DTAPER_SANITIZE=ON \
   -DTAPER_HWY_STATIC_ONLY=ON -DTAPER_BUILD_BENCHES=OFF -DTAPER_CUDA=OFF >/dev/null
 cmake --build build/asan -j"$JOBS"
 ASAN_OPTIONS=detect_leaks=1 TAPER_NO_ALLOC_CACHE=1 \
