@@ -90,9 +90,41 @@ inline std::vector<double> log_softmax_fwd(const std::vector<double>& x, size_t 
   return y;
 }
 
-/// dx = y * (dy - sum(dy * y)) per row, y the softmax output. y, dy: (R, D)
-inline std::vector<double> softmax_bwd(const std::vector<double>& y, const std::vector<double>& dy,
+/// The log-sum-exp of each row, max + log(sum exp(x - max)): what the fused forwards save for
+/// their backward. In the extended sense for the rows whose softmax is NaN: NaN for a row with a
+/// NaN, -inf for an all -inf row (and a row of length 0), +inf for a row holding +inf. x: (R, D)
+/// with R = `rows` (D may be 0).
+inline std::vector<double> logsumexp(const std::vector<double>& x, size_t rows, size_t D) {
+  std::vector<double> lse(rows);
+  const double inf = std::numeric_limits<double>::infinity();
+  for (size_t r = 0; r < rows; ++r) {
+    const double* xr = D ? &x[r * D] : nullptr;
+    bool nan = false;
+    double m = -inf;
+    for (size_t i = 0; i < D; ++i) {
+      nan = nan || std::isnan(xr[i]);
+      m = std::max(m, xr[i]);
+    }
+    if (nan) {
+      lse[r] = std::numeric_limits<double>::quiet_NaN();
+      continue;
+    }
+    if (!std::isfinite(m)) {
+      lse[r] = m;
+      continue;
+    }
+    Sum acc;
+    for (size_t i = 0; i < D; ++i) acc.add(std::exp(xr[i] - m));
+    lse[r] = m + std::log(acc.value());
+  }
+  return lse;
+}
+
+/// dx = y * (dy - sum(dy * y)) per row, y = softmax(x) evaluated here in f64 (the kernel
+/// recomputes y from x and the saved lse; the reference needs neither). x, dy: (R, D)
+inline std::vector<double> softmax_bwd(const std::vector<double>& x, const std::vector<double>& dy,
                                        size_t D) {
+  const std::vector<double> y = softmax_fwd(x, D);
   std::vector<double> dx(y.size());
   const size_t R = D ? y.size() / D : 0;
   for (size_t r = 0; r < R; ++r) {
@@ -104,16 +136,18 @@ inline std::vector<double> softmax_bwd(const std::vector<double>& y, const std::
   return dx;
 }
 
-/// dx = dy - exp(y) * sum(dy) per row, y the log-softmax output. y, dy: (R, D)
-inline std::vector<double> log_softmax_bwd(const std::vector<double>& y,
+/// dx = dy - softmax(x) * sum(dy) per row, the softmax evaluated here in f64 as
+/// exp(log_softmax(x)). x, dy: (R, D)
+inline std::vector<double> log_softmax_bwd(const std::vector<double>& x,
                                            const std::vector<double>& dy, size_t D) {
-  std::vector<double> dx(y.size());
-  const size_t R = D ? y.size() / D : 0;
+  const std::vector<double> ly = log_softmax_fwd(x, D);
+  std::vector<double> dx(ly.size());
+  const size_t R = D ? ly.size() / D : 0;
   for (size_t r = 0; r < R; ++r) {
     Sum acc;
     for (size_t i = 0; i < D; ++i) acc.add(dy[r * D + i]);
     const double s = acc.value();
-    for (size_t i = 0; i < D; ++i) dx[r * D + i] = dy[r * D + i] - std::exp(y[r * D + i]) * s;
+    for (size_t i = 0; i < D; ++i) dx[r * D + i] = dy[r * D + i] - std::exp(ly[r * D + i]) * s;
   }
   return dx;
 }

@@ -3,15 +3,22 @@
 //
 // What it is: per-row kernels over contiguous (R, D) data (registered needs_contiguous), threaded
 // over rows, and inside rows when there are fewer rows than threads (a row is cut into chunks,
-// each chunk's (max, sum of exp) is combined, then the chunks are written in parallel).
+// each chunk's statistics are combined, then the chunks are written in parallel).
 // What it is not: autograd (core/ holds the bwd hooks that call the *_bwd ops) or the composed
 // forms (metal_fallback/composed.cpp). The scalar reference is cpu/fused_ref.h.
 //
-// Shapes: x, y, dy, dx: (R, D), R rows of D elements.
+// Shapes: x, y, dy, dx: (R, D), R rows of D elements; lse: (R), the saved log-sum-exp.
+// The forward returns {y, lse}, lse = max + log(sum exp(x - max)) in the compute type (f32 for
+// bf16/f16/f32, f64 for f64). The backward ops take (x, lse, dy) and recompute y = exp(x - lse)
+// in the compute type rather than reading the stored y: a bf16/f16 y carries its own rounding
+// (u|y|), which the backward's cancellation (dy - sum, or dy - exp(y) sum) would magnify to many
+// ulps of dx; the recomputed y is exact to f32 (f64) noise, so dx is rounded once, at the store.
 // Precision: bf16/f16 load to f32, every step is f32 (Highway's Exp, max 1 ulp), the result is
 // rounded once at the store; f64 is f64 throughout (Exp in f64, f64 accumulators).
 // Special values, as PyTorch: a row with a NaN, an all -inf row, or a row holding +inf gives NaN
 // everywhere (explicitly: Highway's Exp maps NaN to 0, so NaN is never left to flow through it).
+// Such a row's lse is its log-sum-exp in the extended sense (NaN, -inf, +inf respectively), so
+// "lse is not finite" is exactly "the forward row is NaN", and the backward writes NaN there.
 
 #ifndef TAPER_CPU_SOFTMAX_SHARED_
 #define TAPER_CPU_SOFTMAX_SHARED_
@@ -39,9 +46,10 @@ enum class Phase : int {
 struct Job {
   DType dt = DType::F32;
   bool log = false;          ///< log-softmax (forward) / log-softmax backward
-  const void* a = nullptr;   ///< forward: x; backward: y
-  const void* b = nullptr;   ///< backward: dy
+  const void* x = nullptr;   ///< the forward input (forward and backward)
+  const void* dy = nullptr;  ///< backward: the upstream gradient
   void* out = nullptr;       ///< forward: y; backward: dx
+  void* lse = nullptr;       ///< (R), compute type: written by the forward, read by the backward
   size_t D = 0;              ///< row length
   size_t chunk = 0;          ///< chunk length (kStats/kWrite); item = row * nchunks + chunk index
   size_t nchunks = 1;
@@ -82,6 +90,16 @@ template <class TC> struct MaxSum {
   bool nan_row() const { return nan || !std::isfinite(m); }
 };
 
+/// The saved log-sum-exp of a row with max m and s = sum exp(x - m): m + log s (s >= 1, the max
+/// term being exp(0)), one rounding in TC. A NaN row's lse is NaN; with no finite max it is m
+/// itself (-inf for an all -inf row, +inf for a row holding +inf): never finite, as the backward
+/// expects for a NaN forward row.
+template <class TC> TC lse_of(bool nan, TC m, TC s) {
+  if (nan) return std::numeric_limits<TC>::quiet_NaN();
+  if (!std::isfinite(m)) return m;
+  return m + std::log(s);
+}
+
 }  // namespace taper::cpu::softmax_detail
 
 #endif  // TAPER_CPU_SOFTMAX_SHARED_
@@ -100,6 +118,13 @@ namespace sd = taper::cpu::softmax_detail;
 
 template <class T> using TC = compute_t<T>;
 template <class T> using DC = hn::ScalableTag<compute_t<T>>;
+
+/// A per-thread scratch row of at least n compute-type elements (grown, never shrunk).
+template <class C> HWY_INLINE C* Scratch(size_t n) {
+  static thread_local std::vector<C> scratch;
+  if (scratch.size() < n) scratch.resize(n);
+  return scratch.data();
+}
 
 // ---- reductions over one contiguous run (four accumulators, one horizontal reduce) -----------
 
@@ -173,38 +198,65 @@ HWY_INLINE TC<T> RunSumExp(const T* HWY_RESTRICT x, size_t n, TC<T> m, TC<T>* HW
   return hn::GetLane(hn::SumOfLanes(d, hn::Add(hn::Add(s0, s1), hn::Add(s2, s3))));
 }
 
-/// sum a*b (kDot) or sum b over [0, n); the zero-filled tail lanes add nothing.
-template <bool kDot, class T>
-HWY_INLINE TC<T> RunSum(const T* HWY_RESTRICT a, const T* HWY_RESTRICT b, size_t n) {
+/// sum dy * exp(x - L) over [0, n) (the softmax backward's sum(dy * y), y recomputed from the
+/// saved lse L), or with kLog sum dy (the log-softmax backward's); with kStore, also writes
+/// y = exp(x - L) to e[0, round_up(n, N)).
+template <bool kStore, bool kLog = false, class T>
+HWY_INLINE TC<T> RunDotExp(const T* HWY_RESTRICT x, const T* HWY_RESTRICT dy, size_t n, TC<T> L,
+                           TC<T>* HWY_RESTRICT e) {
+  const DC<T> d;
+  const size_t N = hn::Lanes(d);
+  const auto vl = hn::Set(d, L);
+  auto term = [](auto ve, auto vdy, auto acc) {
+    if constexpr (kLog) return hn::Add(acc, vdy);
+    else return hn::MulAdd(ve, vdy, acc);
+  };
+  auto s0 = hn::Zero(d), s1 = hn::Zero(d), s2 = hn::Zero(d), s3 = hn::Zero(d);
+  size_t i = 0;
+  for (; i + 4 * N <= n; i += 4 * N) {
+    const auto e0 = hn::Exp(d, hn::Sub(LoadAs(d, x + i), vl));
+    const auto e1 = hn::Exp(d, hn::Sub(LoadAs(d, x + i + N), vl));
+    const auto e2 = hn::Exp(d, hn::Sub(LoadAs(d, x + i + 2 * N), vl));
+    const auto e3 = hn::Exp(d, hn::Sub(LoadAs(d, x + i + 3 * N), vl));
+    if constexpr (kStore) {
+      hn::StoreU(e0, d, e + i);
+      hn::StoreU(e1, d, e + i + N);
+      hn::StoreU(e2, d, e + i + 2 * N);
+      hn::StoreU(e3, d, e + i + 3 * N);
+    }
+    s0 = term(e0, LoadAs(d, dy + i), s0);
+    s1 = term(e1, LoadAs(d, dy + i + N), s1);
+    s2 = term(e2, LoadAs(d, dy + i + 2 * N), s2);
+    s3 = term(e3, LoadAs(d, dy + i + 3 * N), s3);
+  }
+  for (; i + N <= n; i += N) {
+    const auto e0 = hn::Exp(d, hn::Sub(LoadAs(d, x + i), vl));
+    if constexpr (kStore) hn::StoreU(e0, d, e + i);
+    s0 = term(e0, LoadAs(d, dy + i), s0);
+  }
+  if (i < n) {  // lanes past the end hold exp(0 - L), possibly inf: zeroed, so 0 * 0 adds 0
+    const auto e0 =
+        hn::IfThenElseZero(hn::FirstN(d, n - i), hn::Exp(d, hn::Sub(LoadAsN(d, x + i, n - i), vl)));
+    if constexpr (kStore) hn::StoreU(e0, d, e + i);  // the scratch row is padded to whole vectors
+    s0 = term(e0, LoadAsN(d, dy + i, n - i), s0);
+  }
+  return hn::GetLane(hn::SumOfLanes(d, hn::Add(hn::Add(s0, s1), hn::Add(s2, s3))));
+}
+
+/// sum b over [0, n); the zero-filled tail lanes add nothing.
+template <class T> HWY_INLINE TC<T> RunSum(const T* HWY_RESTRICT b, size_t n) {
   const DC<T> d;
   const size_t N = hn::Lanes(d);
   auto s0 = hn::Zero(d), s1 = hn::Zero(d), s2 = hn::Zero(d), s3 = hn::Zero(d);
-  auto term = [&](size_t i) {
-    if constexpr (kDot) return hn::Mul(LoadAs(d, a + i), LoadAs(d, b + i));
-    else return LoadAs(d, b + i);
-  };
   size_t i = 0;
   for (; i + 4 * N <= n; i += 4 * N) {
-    if constexpr (kDot) {
-      s0 = hn::MulAdd(LoadAs(d, a + i), LoadAs(d, b + i), s0);
-      s1 = hn::MulAdd(LoadAs(d, a + i + N), LoadAs(d, b + i + N), s1);
-      s2 = hn::MulAdd(LoadAs(d, a + i + 2 * N), LoadAs(d, b + i + 2 * N), s2);
-      s3 = hn::MulAdd(LoadAs(d, a + i + 3 * N), LoadAs(d, b + i + 3 * N), s3);
-    } else {
-      s0 = hn::Add(s0, LoadAs(d, b + i));
-      s1 = hn::Add(s1, LoadAs(d, b + i + N));
-      s2 = hn::Add(s2, LoadAs(d, b + i + 2 * N));
-      s3 = hn::Add(s3, LoadAs(d, b + i + 3 * N));
-    }
+    s0 = hn::Add(s0, LoadAs(d, b + i));
+    s1 = hn::Add(s1, LoadAs(d, b + i + N));
+    s2 = hn::Add(s2, LoadAs(d, b + i + 2 * N));
+    s3 = hn::Add(s3, LoadAs(d, b + i + 3 * N));
   }
-  for (; i + N <= n; i += N) s0 = hn::Add(s0, term(i));
-  if (i < n) {
-    if constexpr (kDot) {
-      s0 = hn::MulAdd(LoadAsN(d, a + i, n - i), LoadAsN(d, b + i, n - i), s0);
-    } else {
-      s0 = hn::Add(s0, LoadAsN(d, b + i, n - i));
-    }
-  }
+  for (; i + N <= n; i += N) s0 = hn::Add(s0, LoadAs(d, b + i));
+  if (i < n) s0 = hn::Add(s0, LoadAsN(d, b + i, n - i));
   return hn::GetLane(hn::SumOfLanes(d, hn::Add(hn::Add(s0, s1), hn::Add(s2, s3))));
 }
 
@@ -246,26 +298,42 @@ HWY_INLINE void WriteFromX(const T* HWY_RESTRICT x, T* HWY_RESTRICT y, size_t n,
   if (i < n) StoreFromN(d, f(LoadAsN(d, x + i, n - i)), y + i, n - i);
 }
 
-/// Softmax backward: dx = y * (dy - s). Log-softmax backward: dx = dy - exp(y) * s.
+/// Backward from the scratch row e = y: softmax dx = e * (dy - s), log-softmax dx = dy - e * s.
 template <bool kLog, class T>
-HWY_INLINE void WriteBwd(const T* HWY_RESTRICT y, const T* HWY_RESTRICT dy, T* HWY_RESTRICT dx,
-                         size_t n, TC<T> s) {
+HWY_INLINE void WriteBwdScratch(const TC<T>* HWY_RESTRICT e, const T* HWY_RESTRICT dy,
+                                T* HWY_RESTRICT dx, size_t n, TC<T> s) {
   const DC<T> d;
   const size_t N = hn::Lanes(d);
   const auto vs = hn::Set(d, s);
-  auto f = [&](auto vy, auto vdy) {
-    if constexpr (kLog) {
-      // Highway's Exp gives 0 for NaN: put the NaN back. Valid for y <= 88 (a log-softmax
-      // output is <= 0).
-      const auto e = hn::IfThenElse(hn::IsNaN(vy), vy, hn::Exp(d, vy));
-      return hn::NegMulAdd(e, vs, vdy);
-    } else {
-      return hn::Mul(vy, hn::Sub(vdy, vs));
-    }
+  auto f = [&](auto ve, auto vdy) {
+    if constexpr (kLog) return hn::NegMulAdd(ve, vs, vdy);
+    else return hn::Mul(ve, hn::Sub(vdy, vs));
   };
   size_t i = 0;
-  for (; i + N <= n; i += N) StoreFrom(d, f(LoadAs(d, y + i), LoadAs(d, dy + i)), dx + i);
-  if (i < n) StoreFromN(d, f(LoadAsN(d, y + i, n - i), LoadAsN(d, dy + i, n - i)), dx + i, n - i);
+  for (; i + N <= n; i += N) StoreFrom(d, f(hn::LoadU(d, e + i), LoadAs(d, dy + i)), dx + i);
+  if (i < n) StoreFromN(d, f(hn::LoadU(d, e + i), LoadAsN(d, dy + i, n - i)), dx + i, n - i);
+}
+
+/// Backward with y recomputed as exp(x - L): softmax dx = y * (dy - s), log-softmax
+/// dx = dy - y * s (s: sum(dy * y), resp. sum(dy)). Tail lanes past n may hold inf; never stored.
+template <bool kLog, class T>
+HWY_INLINE void WriteBwdFromX(const T* HWY_RESTRICT x, const T* HWY_RESTRICT dy,
+                              T* HWY_RESTRICT dx, size_t n, TC<T> L, TC<T> s) {
+  const DC<T> d;
+  const size_t N = hn::Lanes(d);
+  const auto vl = hn::Set(d, L), vs = hn::Set(d, s);
+  auto f = [&](auto vx, auto vdy) {
+    const auto y = hn::Exp(d, hn::Sub(vx, vl));
+    if constexpr (kLog) return hn::NegMulAdd(y, vs, vdy);
+    else return hn::Mul(y, hn::Sub(vdy, vs));
+  };
+  size_t i = 0;
+  for (; i + 2 * N <= n; i += 2 * N) {
+    StoreFrom(d, f(LoadAs(d, x + i), LoadAs(d, dy + i)), dx + i);
+    StoreFrom(d, f(LoadAs(d, x + i + N), LoadAs(d, dy + i + N)), dx + i + N);
+  }
+  for (; i + N <= n; i += N) StoreFrom(d, f(LoadAs(d, x + i), LoadAs(d, dy + i)), dx + i);
+  if (i < n) StoreFromN(d, f(LoadAsN(d, x + i, n - i), LoadAsN(d, dy + i, n - i)), dx + i, n - i);
 }
 
 // ---- per-row and per-chunk drivers -----------------------------------------------------------
@@ -284,22 +352,26 @@ template <class T> HWY_INLINE void ChunkStats(const T* x, size_t n, TC<T>* m, TC
                          : (*m > 0 ? std::numeric_limits<TC<T>>::infinity() : TC<T>(0));
 }
 
-/// One whole row of the forward.
-template <class T> void FwdRow(const T* x, T* y, size_t D, bool log) {
+/// One whole row of the forward; writes the row's lse.
+template <class T> void FwdRow(const T* x, T* y, size_t D, bool log, TC<T>* lse) {
   using C = TC<T>;
   if (D <= sd::kScratchElems) {
     bool nan = false;
     const C m = RunMax(x, D, &nan);
-    if (nan || !std::isfinite(m)) return FillNaN(y, D);
+    if (nan || !std::isfinite(m)) {
+      *lse = sd::lse_of(nan, m, C(1));
+      return FillNaN(y, D);
+    }
     if (log) {
       const C s = RunSumExp<false>(x, D, m, static_cast<C*>(nullptr));
-      return WriteFromX<true>(x, y, D, m, std::log(s));
+      const C ls = std::log(s);
+      *lse = m + ls;
+      return WriteFromX<true>(x, y, D, m, ls);
     }
-    static thread_local std::vector<C> scratch;
-    const size_t N = hn::Lanes(DC<T>());
-    if (scratch.size() < D + N) scratch.resize(D + N);
-    const C s = RunSumExp<true>(x, D, m, scratch.data());
-    return WriteScaled(scratch.data(), y, D, C(1) / s);  // s >= 1: the max term is exp(0)
+    C* e = Scratch<C>(D + hn::Lanes(DC<T>()));
+    const C s = RunSumExp<true>(x, D, m, e);
+    *lse = sd::lse_of(false, m, s);
+    return WriteScaled(e, y, D, C(1) / s);  // s >= 1: the max term is exp(0)
   }
   sd::MaxSum<C> acc;
   for (size_t c0 = 0; c0 < D; c0 += sd::kStatChunk) {
@@ -307,6 +379,7 @@ template <class T> void FwdRow(const T* x, T* y, size_t D, bool log) {
     ChunkStats(x + c0, std::min(sd::kStatChunk, D - c0), &m, &s);
     acc.add(m, s);
   }
+  *lse = sd::lse_of(acc.nan, acc.m, acc.s);
   if (acc.nan_row()) return FillNaN(y, D);
   if (log) return WriteFromX<true>(x, y, D, acc.m, std::log(acc.s));
   WriteFromX<false>(x, y, D, acc.m, C(1) / acc.s);
@@ -314,11 +387,12 @@ template <class T> void FwdRow(const T* x, T* y, size_t D, bool log) {
 
 template <class T> void FwdRange(const sd::Job& j, sd::Phase phase, size_t begin, size_t end) {
   using C = TC<T>;
-  const T* x = static_cast<const T*>(j.a);
+  const T* x = static_cast<const T*>(j.x);
   T* y = static_cast<T*>(j.out);
+  C* lse = static_cast<C*>(j.lse);
   for (size_t it = begin; it < end; ++it) {
     if (phase == sd::Phase::kRows) {
-      FwdRow(x + it * j.D, y + it * j.D, j.D, j.log);
+      FwdRow(x + it * j.D, y + it * j.D, j.D, j.log, lse + it);
       continue;
     }
     const size_t r = it / j.nchunks, c0 = (it % j.nchunks) * j.chunk;
@@ -341,11 +415,30 @@ template <class T> void FwdRange(const sd::Job& j, sd::Phase phase, size_t begin
   }
 }
 
+/// One whole row of the backward, L the row's lse (finite).
+template <class T>
+void BwdRow(const T* x, const T* dy, T* dx, size_t D, bool log, TC<T> L) {
+  using C = TC<T>;
+  // Log-softmax needs y only once, after the sum of dy: for f32/f64 one pass over x and dy is the
+  // fastest; for bf16/f16, computing y in the 4x-unrolled sum loop into the scratch row is
+  // (measured on (4096, 4096), one thread, scratch vs one pass: bf16 12.5 vs 16.5 ms, f32 19 vs
+  // 17 ms).
+  const bool scratch = D <= sd::kScratchElems && (!log || sizeof(T) == 2);
+  if (scratch) {  // y = exp(x - L) once, with the sum, kept for the write
+    C* e = Scratch<C>(D + hn::Lanes(DC<T>()));
+    if (log) return WriteBwdScratch<true>(e, dy, dx, D, RunDotExp<true, true>(x, dy, D, L, e));
+    return WriteBwdScratch<false>(e, dy, dx, D, RunDotExp<true>(x, dy, D, L, e));
+  }
+  if (log) return WriteBwdFromX<true>(x, dy, dx, D, L, RunSum(dy, D));
+  WriteBwdFromX<false>(x, dy, dx, D, L, RunDotExp<false>(x, dy, D, L, static_cast<C*>(nullptr)));
+}
+
 template <class T> void BwdRange(const sd::Job& j, sd::Phase phase, size_t begin, size_t end) {
   using C = TC<T>;
-  const T* y = static_cast<const T*>(j.a);
-  const T* dy = static_cast<const T*>(j.b);
+  const T* x = static_cast<const T*>(j.x);
+  const T* dy = static_cast<const T*>(j.dy);
   T* dx = static_cast<T*>(j.out);
+  const C* lse = static_cast<const C*>(j.lse);
   for (size_t it = begin; it < end; ++it) {
     size_t off = it * j.D, n = j.D, r = it;
     if (phase != sd::Phase::kRows) {
@@ -354,18 +447,24 @@ template <class T> void BwdRange(const sd::Job& j, sd::Phase phase, size_t begin
       off = r * j.D + c0;
       n = std::min(j.chunk, j.D - c0);
     }
+    const C L = lse[r];
     if (phase == sd::Phase::kStats) {
-      j.part0[it] = j.log ? RunSum<false>(y + off, dy + off, n) : RunSum<true>(y + off, dy + off, n);
+      if (!std::isfinite(L)) j.part0[it] = 0;
+      else if (j.log) j.part0[it] = RunSum(dy + off, n);
+      else j.part0[it] = RunDotExp<false>(x + off, dy + off, n, L, static_cast<C*>(nullptr));
       continue;
     }
-    C s;
-    if (phase == sd::Phase::kRows) {
-      s = j.log ? RunSum<false>(y + off, dy + off, n) : RunSum<true>(y + off, dy + off, n);
-    } else {
-      s = static_cast<C>(j.row0[r]);
+    if (!std::isfinite(L)) {  // the forward row is NaN (NaN, all -inf, or +inf in x)
+      FillNaN(dx + off, n);
+      continue;
     }
-    if (j.log) WriteBwd<true>(y + off, dy + off, dx + off, n, s);
-    else WriteBwd<false>(y + off, dy + off, dx + off, n, s);
+    if (phase == sd::Phase::kRows) {
+      BwdRow(x + off, dy + off, dx + off, n, j.log, L);
+    } else if (j.log) {
+      WriteBwdFromX<true>(x + off, dy + off, dx + off, n, L, static_cast<C>(j.row0[r]));
+    } else {
+      WriteBwdFromX<false>(x + off, dy + off, dx + off, n, L, static_cast<C>(j.row0[r]));
+    }
   }
 }
 
@@ -418,10 +517,12 @@ size_t row_grain(size_t D) { return std::max<size_t>(1, kElemGrain / std::max<si
 
 template <class C> void combine_fwd(Job& j, size_t R, std::vector<double>& M,
                                     std::vector<double>& c) {
+  C* lse = static_cast<C*>(j.lse);
   for (size_t r = 0; r < R; ++r) {
     MaxSum<C> acc;
     for (size_t k = 0; k < j.nchunks; ++k)
       acc.add(static_cast<C>(j.part0[r * j.nchunks + k]), static_cast<C>(j.part1[r * j.nchunks + k]));
+    lse[r] = lse_of(acc.nan, acc.m, acc.s);
     if (acc.nan_row()) {
       M[r] = std::numeric_limits<double>::quiet_NaN();
       continue;
@@ -439,7 +540,7 @@ template <class C> void combine_bwd(Job& j, size_t R, std::vector<double>& s) {
   }
 }
 
-/// Runs a forward (bwd = false) or backward job over R rows.
+/// Runs a forward (bwd = false) or backward job over R rows (D > 0).
 void run(Job j, size_t R, bool bwd) {
   if (R == 0 || j.D == 0) return;
   auto call = [&](Phase ph, size_t b, size_t e) {
@@ -468,35 +569,56 @@ void run(Job j, size_t R, bool bwd) {
 }
 
 size_t last_dim(const Tensor& t) { return t.rank() == 0 ? 1 : t.dims().back(); }
+DType lse_dtype(DType dt) { return dt == DType::F64 ? DType::F64 : DType::F32; }
+/// x's shape without its last dim (the saved lse's shape).
+Shape rows_shape(const Tensor& x) {
+  std::vector<size_t> d = x.dims();
+  if (!d.empty()) d.pop_back();
+  return Shape(d);
+}
 
+/// in = {x}. Returns {y, lse}.
 std::vector<Tensor> fwd_kernel(const std::vector<Tensor>& in, bool log) {
   const Tensor& x = in[0];
   TAPER_ASSERT(x.is_contiguous());
   Tensor y = new_output(x.shape(), x.dtype());
+  Tensor lse = new_output(rows_shape(x), lse_dtype(x.dtype()));
   Job j;
   j.dt = x.dtype();
   j.log = log;
-  j.a = x.data_ptr();
+  j.x = x.data_ptr();
   j.out = y.data_ptr();
+  j.lse = lse.data_ptr();
   j.D = last_dim(x);
-  run(j, j.D ? x.elem_count() / j.D : 0, false);
-  return {y};
+  const size_t R = lse.elem_count();
+  if (j.D == 0) {  // rows of nothing: log(0)
+    for (size_t r = 0; r < R; ++r) {
+      if (j.dt == DType::F64) static_cast<double*>(j.lse)[r] = -HUGE_VAL;
+      else static_cast<float*>(j.lse)[r] = -HUGE_VALF;
+    }
+  }
+  run(j, R, false);
+  return {y, lse};
 }
 
+/// in = {x, lse, dy}: the forward's input and saved lse, the upstream gradient. Returns {dx}.
 std::vector<Tensor> bwd_kernel(const std::vector<Tensor>& in, bool log) {
-  const Tensor& y = in[0];
-  const Tensor& dy = in[1];
-  TAPER_ASSERT(y.is_contiguous() && dy.is_contiguous() && y.shape() == dy.shape());
-  TAPER_ASSERT(y.dtype() == dy.dtype());
-  Tensor dx = new_output(y.shape(), y.dtype());
+  const Tensor& x = in[0];
+  const Tensor& lse = in[1];
+  const Tensor& dy = in[2];
+  TAPER_ASSERT(x.is_contiguous() && lse.is_contiguous() && dy.is_contiguous());
+  TAPER_ASSERT(x.shape() == dy.shape() && x.dtype() == dy.dtype());
+  TAPER_ASSERT(lse.dtype() == lse_dtype(x.dtype()) && lse.shape() == rows_shape(x));
+  Tensor dx = new_output(x.shape(), x.dtype());
   Job j;
-  j.dt = y.dtype();
+  j.dt = x.dtype();
   j.log = log;
-  j.a = y.data_ptr();
-  j.b = dy.data_ptr();
+  j.x = x.data_ptr();
+  j.dy = dy.data_ptr();
   j.out = dx.data_ptr();
-  j.D = last_dim(y);
-  run(j, j.D ? y.elem_count() / j.D : 0, true);
+  j.lse = lse.data_ptr();
+  j.D = last_dim(x);
+  run(j, lse.elem_count(), true);
   return {dx};
 }
 

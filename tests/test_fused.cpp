@@ -4,7 +4,8 @@
 //
 // What it is: kernel vs reference (every op x bf16/f16/f32/f64 x rows of length 1, 7, 33, 1000,
 // 4099 and few/many rows x contiguous/transposed inputs), fused vs composed, special values, the
-// saved statistics' dtypes, rows split across threads, and the large precision cases of issue 3.
+// saved statistics (norms: mean/rstd; softmax: lse) with their dtypes, shapes and values, rows
+// split across threads, and the large precision cases of issue 3.
 // What it is not: gradient checks and backward precision of the norms (autograd's tests).
 //
 // The bound used everywhere ("the rounding floor"): for an output whose f64 reference is r,
@@ -396,6 +397,49 @@ TEST_P(FusedStats, DtypeShapeAndValues) {
   }
 }
 
+// The softmax forwards save lse = max + log(sum exp(x - max)) per row, in f32 (f64 for f64),
+// computed once per row whether the row is whole or split across threads.
+TEST_P(FusedStats, SoftmaxLse) {
+  const DType dt = GetParam();
+  const DType want = dt == DType::F64 ? DType::F64 : DType::F32;
+  const size_t saved = cpu::num_threads();
+  for (size_t threads : {size_t{1}, size_t{4}}) {
+    cpu::set_num_threads(threads);
+    for (const Shape& s : {Shape({2, 3, 50}), Shape({7}), Shape({3, 4099}), Shape({2, 100003})}) {
+      for (FOp op : {FOp::Softmax, FOp::LogSoftmax}) {
+        SCOPED_TRACE(std::string(fop_name(op)) + " " + s.to_string() + " threads " +
+                     std::to_string(threads));
+        Problem p;
+        p.op = op;
+        // An offset of 16: an lse rounded to bf16/f16 would be off by up to 1/16 (bf16).
+        p.x = Tensor::randn(s, dt, Device::cpu(), 35, 16.0, 3.0);
+        const std::vector<double> x = values(p.x);
+        const size_t D = s[s.rank() - 1], R = x.size() / D;
+        const std::vector<Tensor> out = run_kernel(p);
+        ASSERT_EQ(out.size(), 2u);
+        const Expected e = reference(p);
+        EXPECT_TRUE(at_floor(values(out[0]), e.y, e.scale, dt));
+        EXPECT_EQ(out[1].dtype(), want);
+        std::vector<size_t> dims = s.dims();
+        dims.pop_back();
+        EXPECT_EQ(out[1].dims(), dims);
+        EXPECT_TRUE(testing::all_close(values(out[1]), ref::logsumexp(x, R, D),
+                                       kNoise * compute_u(dt), kNoise * compute_u(dt)));
+      }
+    }
+  }
+  cpu::set_num_threads(saved);
+  for (FOp op : {FOp::Softmax, FOp::LogSoftmax}) {  // rows of nothing: lse = log(0) = -inf
+    Problem p;
+    p.op = op;
+    p.x = Tensor::zeros(Shape({3, 0}), dt);
+    const std::vector<Tensor> out = run_kernel(p);
+    ASSERT_EQ(out.size(), 2u);
+    EXPECT_EQ(out[0].elem_count(), 0u);
+    EXPECT_EQ(values(out[1]), std::vector<double>(3, -std::numeric_limits<double>::infinity()));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Fused, FusedStats, ::testing::ValuesIn(kDTypes),
                          [](const ::testing::TestParamInfo<DType>& i) {
                            return std::string(dtype_name(i.param));
@@ -471,14 +515,29 @@ INSTANTIATE_TEST_SUITE_P(Fused, FusedSpecial, ::testing::ValuesIn(kDTypes),
 
 // ---- softmax backward kernels ----------------------------------------------------------------
 
+// The bwd kernels take (x, lse, dy), lse the forward's saved log-sum-exp, and recompute
+// y = exp(x - lse) in the compute type. Their reference is the f64 gradient of x alone
+// (ref::softmax_bwd(x, dy)), so the bound accounts for the compute-type error of that y: a
+// relative u_c (1 + |x - lse| + |lse|) (lse rounded to the compute type, the subtraction, exp),
+// carried through the sum and the product.
+
 using BwdParam = std::tuple<bool, DType>;
 class SoftmaxBwdKernel : public ::testing::TestWithParam<BwdParam> {};
 
+const KernelSlot& cpu_kernel(OpId id) {
+  return op_def(id).kernels[static_cast<int>(DeviceKind::Cpu)];
+}
+
+OpId fwd_of(bool log) { return log ? OpId::log_softmax_last_dim : OpId::softmax_last_dim; }
+OpId bwd_of(bool log) { return log ? OpId::log_softmax_last_dim_bwd : OpId::softmax_last_dim_bwd; }
+
 TEST_P(SoftmaxBwdKernel, MatchesReference) {
   const auto [log, dt] = GetParam();
-  const OpId id = log ? OpId::log_softmax_last_dim_bwd : OpId::softmax_last_dim_bwd;
-  const KernelSlot& k = op_def(id).kernels[static_cast<int>(DeviceKind::Cpu)];
+  const OpId id = bwd_of(log);
+  const KernelSlot& k = cpu_kernel(id);
+  const KernelSlot& kf = cpu_kernel(fwd_of(log));
   ASSERT_NE(k.fn, nullptr);
+  ASSERT_NE(kf.fn, nullptr);
   const size_t saved = cpu::num_threads();
   uint64_t seed = 500;
   for (size_t threads : {size_t{1}, size_t{4}}) {
@@ -490,34 +549,41 @@ TEST_P(SoftmaxBwdKernel, MatchesReference) {
     shapes.push_back(Shape({9, 40000}));
     for (const Shape& s : shapes) {
       SCOPED_TRACE(s.to_string() + " threads " + std::to_string(threads));
-      const size_t D = s[1];
-      // y: a real (log-)softmax output of the dtype; dy: randn.
+      const size_t R = s[0], D = s[1];
       const Tensor x = Tensor::randn(s, dt, Device::cpu(), ++seed, 0.0, 2.0);
-      const Tensor y = log ? ops::log_softmax_last_dim(x) : ops::softmax_last_dim(x);
       const Tensor dy = Tensor::randn(s, dt, Device::cpu(), ++seed);
-      const std::vector<double> yv = values(y), dyv = values(dy);
+      const std::vector<Tensor> fwd = kf.fn({x}, OpAttrs{});
+      ASSERT_EQ(fwd.size(), 2u);
+      const Tensor& lse = fwd[1];
+      const std::vector<double> xv = values(x), dyv = values(dy);
+      const std::vector<double> lv = ref::logsumexp(xv, R, D);
       const std::vector<double> want =
-          log ? ref::log_softmax_bwd(yv, dyv, D) : ref::softmax_bwd(yv, dyv, D);
-      std::vector<double> scale(yv.size());
-      for (size_t r = 0; r < s[0]; ++r) {
-        double acc = 0, acc_abs = 0;
-        for (size_t i = 0; i < D; ++i) {
-          acc += log ? dyv[r * D + i] : dyv[r * D + i] * yv[r * D + i];
-          acc_abs += std::abs(log ? dyv[r * D + i] : dyv[r * D + i] * yv[r * D + i]);
-        }
-        // The sum's own error is relative to the sum of magnitudes.
+          log ? ref::log_softmax_bwd(xv, dyv, D) : ref::softmax_bwd(xv, dyv, D);
+      std::vector<double> scale(xv.size());
+      for (size_t r = 0; r < R; ++r) {
+        double acc = 0, acc_abs = 0;  // the row's sum and the bound on its error, in u_c units
         for (size_t i = 0; i < D; ++i) {
           const size_t j = r * D + i;
-          scale[j] = log ? std::abs(dyv[j]) + std::exp(yv[j]) * acc_abs
-                         : std::abs(yv[j]) * (std::abs(dyv[j]) + acc_abs);
+          const double y = std::exp(xv[j] - lv[r]);
+          const double a = 1.0 + std::abs(xv[j] - lv[r]) + std::abs(lv[r]);
+          acc += log ? dyv[j] : dyv[j] * y;
+          acc_abs += log ? std::abs(dyv[j]) : std::abs(dyv[j] * y) * a;
+        }
+        for (size_t i = 0; i < D; ++i) {
+          const size_t j = r * D + i;
+          const double y = std::exp(xv[j] - lv[r]);
+          const double a = 1.0 + std::abs(xv[j] - lv[r]) + std::abs(lv[r]);
+          scale[j] = log ? std::abs(dyv[j]) + y * (a * std::abs(acc) + acc_abs)
+                         : y * (a * std::abs(dyv[j] - acc) + acc_abs);
         }
       }
-      const std::vector<Tensor> out = k.fn({y, dy}, OpAttrs{});
+      const std::vector<Tensor> out = k.fn({x, lse, dy}, OpAttrs{});
       ASSERT_EQ(out.size(), 1u);
       EXPECT_EQ(out[0].dtype(), dt);
+      EXPECT_TRUE(out[0].shape() == s);
       EXPECT_TRUE(at_floor(values(out[0]), want, scale, dt));
-      if (s[0] > 1 && s[1] > 1 && s[0] * s[1] < 100000) {  // transposed y and dy, via dispatch
-        const Tensor dxt = dispatch1(id, {with_layout(y, LayoutKind::Transposed),
+      if (R > 1 && D > 1 && R * D < 100000) {  // transposed x and dy, via dispatch
+        const Tensor dxt = dispatch1(id, {with_layout(x, LayoutKind::Transposed), lse,
                                           with_layout(dy, LayoutKind::Transposed)});
         EXPECT_TRUE(at_floor(values(dxt), want, scale, dt)) << "transposed";
       }
@@ -526,18 +592,41 @@ TEST_P(SoftmaxBwdKernel, MatchesReference) {
   cpu::set_num_threads(saved);
 }
 
-TEST_P(SoftmaxBwdKernel, NaNPropagates) {
+// A forward row that is NaN (a NaN, all -inf, a +inf) has a non-finite lse (NaN, -inf, +inf)
+// and a NaN gradient row; the other rows, -inf entries included, stay finite. Whole rows and
+// rows split across threads.
+TEST_P(SoftmaxBwdKernel, NaNRowsWhereTheForwardIsNaN) {
   const auto [log, dt] = GetParam();
-  const OpId id = log ? OpId::log_softmax_last_dim_bwd : OpId::softmax_last_dim_bwd;
-  std::vector<double> y(2 * 9, log ? -2.0 : 0.1), dy(2 * 9, 0.5);
-  y[4] = std::numeric_limits<double>::quiet_NaN();
-  const std::vector<Tensor> out = op_def(id).kernels[0].fn(
-      {Tensor::from_vector(y, Shape({2, 9})).to_dtype(dt),
-       Tensor::from_vector(dy, Shape({2, 9})).to_dtype(dt)},
-      OpAttrs{});
-  const std::vector<double> dx = values(out[0]);
-  EXPECT_TRUE(std::isnan(dx[4]));
-  for (size_t i = 9; i < 18; ++i) EXPECT_TRUE(std::isfinite(dx[i])) << i;
+  const double inf = std::numeric_limits<double>::infinity();
+  const size_t saved = cpu::num_threads();
+  cpu::set_num_threads(4);
+  for (size_t D : {size_t{9}, size_t{40000}}) {
+    SCOPED_TRACE("D = " + std::to_string(D));
+    std::vector<double> x = values(Tensor::randn(Shape({5, D}), DType::F64, Device::cpu(), 8));
+    x[0 * D + 4] = std::numeric_limits<double>::quiet_NaN();
+    for (size_t i = 0; i < D; ++i) x[1 * D + i] = -inf;
+    x[2 * D + D - 1] = inf;
+    for (size_t i = 0; i < D; i += 3) x[3 * D + i] = -inf;
+    const Tensor xt = Tensor::from_vector(x, Shape({5, D})).to_dtype(dt);
+    const Tensor dy = Tensor::randn(Shape({5, D}), dt, Device::cpu(), 9);
+    const std::vector<Tensor> fwd = cpu_kernel(fwd_of(log)).fn({xt}, OpAttrs{});
+    const std::vector<double> lse = values(fwd[1]), y = values(fwd[0]);
+    EXPECT_TRUE(std::isnan(lse[0]));
+    EXPECT_EQ(lse[1], -inf);
+    EXPECT_EQ(lse[2], inf);
+    EXPECT_TRUE(std::isfinite(lse[3]) && std::isfinite(lse[4]));
+    const std::vector<double> dx =
+        values(cpu_kernel(bwd_of(log)).fn({xt, fwd[1], dy}, OpAttrs{})[0]);
+    for (size_t i = 0; i < dx.size(); ++i) {
+      ASSERT_EQ(std::isnan(dx[i]), std::isnan(y[i])) << "at " << i;
+      ASSERT_EQ(std::isnan(dx[i]), i < 3 * D) << "at " << i;
+      ASSERT_TRUE(std::isnan(dx[i]) || std::isfinite(dx[i])) << "at " << i;
+    }
+    if (!log) {
+      EXPECT_EQ(dx[3 * D], 0.0);  // y = 0 at -inf: no gradient
+    }
+  }
+  cpu::set_num_threads(saved);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fused, SoftmaxBwdKernel,

@@ -174,8 +174,15 @@ BWD(cat) {
 }
 
 // ---- fused ----
-BWD(softmax_last_dim) { return {dispatch1(OpId::softmax_last_dim_bwd, {out[0], g[0]})}; }
-BWD(log_softmax_last_dim) { return {dispatch1(OpId::log_softmax_last_dim_bwd, {out[0], g[0]})}; }
+// The softmax rules pass x and the saved lse (out[1], f32 for half types and f32, f64 for f64),
+// not the output y: the bwd kernels recompute y = exp(x - lse) in the compute type, so a
+// bf16/f16 y's own rounding never enters dx (the cancellation in dy - sum would magnify it).
+BWD(softmax_last_dim) {
+  return {dispatch1(OpId::softmax_last_dim_bwd, {in[0], out[1], g[0]})};
+}
+BWD(log_softmax_last_dim) {
+  return {dispatch1(OpId::log_softmax_last_dim_bwd, {in[0], out[1], g[0]})};
+}
 
 DType stat_dtype(DType dt) { return dt == DType::F64 ? DType::F64 : DType::F32; }
 

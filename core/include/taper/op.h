@@ -81,8 +81,8 @@ namespace taper {
   /* fused (softmax, norm) */                 \
   X(softmax_last_dim, 1, 1, true)             \
   X(log_softmax_last_dim, 1, 1, true)         \
-  X(softmax_last_dim_bwd, 2, 1, false)        \
-  X(log_softmax_last_dim_bwd, 2, 1, false)     \
+  X(softmax_last_dim_bwd, 3, 1, false)        \
+  X(log_softmax_last_dim_bwd, 3, 1, false)     \
   X(rms_norm, 2, 1, true)                     \
   X(layer_norm, 3, 1, true)                   \
   X(group_norm, 3, 1, true)
