@@ -12,7 +12,7 @@ JOBS=$(nproc)
 T0=$SECONDS
 
 echo "== release build (assertions on)"
-cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DTAPER_ASSERTS=ON -DTAPER_CUDA=AUTO >/dev/null
+cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DTAPER_ASSERTS=ON -DTAPER_CUDA=AUTO -DTAPER_BENCH_TORCH=OFF >/dev/null
 cmake --build build/release -j"$JOBS"
 ctest --test-dir build/release --output-on-failure -j"$JOBS" --timeout 600
 

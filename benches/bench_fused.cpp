@@ -1,0 +1,259 @@
+// bench_fused.cpp: Google Benchmark program for the fused ops of issue 3 against their composed
+// forms: softmax_last_dim, rms_norm, layer_norm and group_norm, forward and forward+backward,
+// in f32 and bf16 at every shape and in f64 at the first shape of each op.
+//
+// What it is: time and GB/s of the minimal bytes (each input read once, each output written
+// once; the formula per op is in `minimal_bytes`). Names are
+//   BM_<op>_<fwd|fwd_bwd>_<fused|composed>/<dtype>/<shape>
+// so a fused benchmark and its composed twin differ only in that word (group norm's shape
+// carries its group count: 8x32x64x64_g8). scripts/bench_report.sh joins the twins.
+// Also measured here, so the GB/s compare with the same process's bandwidth:
+//   BM_stream_copy/<size>      a STREAM-like copy over taper's thread count (2 x size bytes);
+//   BM_loss_harness/<dt>/<shape>  the cost of the loss used to drive the backward alone.
+// What it is not: a correctness check (tests/ do that).
+//
+// Forward+backward drives the graph as training does: x, w, b are Vars, y = op(x, w, b),
+// loss = (y * up).sum_all() with a fixed random `up` of y's dtype, then loss.backward(). The loss
+// (one mul and one sum forward, one mul backward) is the same for the fused and composed paths
+// and is not counted in the bytes; BM_loss_harness times it on its own.
+// Every benchmark uses wall time (UseRealTime): the kernels run on taper's thread pool.
+#include <benchmark/benchmark.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cpu/cpu_common.h"
+#include "taper/taper.h"
+
+namespace {
+
+using taper::DType;
+using taper::Shape;
+using taper::Tensor;
+using taper::Var;
+
+constexpr double kEps = 1e-5;
+
+enum class Op { Softmax, RmsNorm, LayerNorm, GroupNorm };
+
+struct Case {
+  Op op;
+  std::vector<size_t> shape;
+  size_t groups = 0;  // group norm only
+  DType dt;
+};
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::Softmax: return "softmax";
+    case Op::RmsNorm: return "rms_norm";
+    case Op::LayerNorm: return "layer_norm";
+    case Op::GroupNorm: return "group_norm";
+  }
+  return "?";
+}
+
+std::string shape_name(const Case& c) {
+  std::string s;
+  for (size_t i = 0; i < c.shape.size(); ++i) s += (i ? "x" : "") + std::to_string(c.shape[i]);
+  if (c.op == Op::GroupNorm) s += "_g" + std::to_string(c.groups);
+  return s;
+}
+
+size_t numel(const std::vector<size_t>& s) {
+  size_t n = 1;
+  for (size_t d : s) n *= d;
+  return n;
+}
+
+// Length of the affine parameters: the last dim (rms/layer norm), the channels (group norm).
+size_t param_len(const Case& c) { return c.op == Op::GroupNorm ? c.shape[1] : c.shape.back(); }
+
+// Minimal bytes of one call, s = dtype size, n = elements of x, p = param_len:
+//   softmax    fwd: read x, write y                              2ns
+//              fwd_bwd: + read y, dy, write dx                   5ns
+//   rms_norm   fwd: read x, w, write y                           2ns + ps
+//              fwd_bwd: + read dy, x, w, write dx, dw            5ns + 3ps
+//   layer_norm fwd: read x, w, b, write y                        2ns + 2ps
+//              fwd_bwd: + read dy, x, w, write dx, dw, db        5ns + 5ps
+//   group_norm as layer_norm with p = channels                   2ns + 2ps / 5ns + 5ps
+// The per-row (per-group) statistics saved for the backward are not counted: they are
+// rows x 4 (or 8) bytes, under 0.1% of the traffic at every benched shape.
+double minimal_bytes(const Case& c, bool bwd) {
+  const double s = static_cast<double>(taper::dtype_size(c.dt));
+  const double n = static_cast<double>(numel(c.shape));
+  const double p = static_cast<double>(param_len(c));
+  switch (c.op) {
+    case Op::Softmax: return bwd ? 5 * n * s : 2 * n * s;
+    case Op::RmsNorm: return bwd ? 5 * n * s + 3 * p * s : 2 * n * s + p * s;
+    case Op::LayerNorm:
+    case Op::GroupNorm: return bwd ? 5 * n * s + 5 * p * s : 2 * n * s + 2 * p * s;
+  }
+  return 0;
+}
+
+Tensor make_randn(const std::vector<size_t>& shape, DType dt, uint64_t seed, double mean = 0.0,
+                  double std = 1.0) {
+  // Drawn in f32 (f64 for f64), then rounded once, so every dtype sees the same values.
+  const DType gen = dt == DType::F64 ? DType::F64 : DType::F32;
+  Tensor t = Tensor::randn(Shape(shape), gen, taper::Device::cpu(), seed, mean, std);
+  return gen == dt ? t : t.to_dtype(dt);
+}
+
+Tensor apply(const Case& c, bool fused, const Tensor& x, const Tensor& w, const Tensor& b) {
+  namespace F = taper::ops;
+  namespace C = taper::composed;
+  switch (c.op) {
+    case Op::Softmax: return fused ? F::softmax_last_dim(x) : C::softmax_last_dim(x);
+    case Op::RmsNorm: return fused ? F::rms_norm(x, w, kEps) : C::rms_norm(x, w, kEps);
+    case Op::LayerNorm: return fused ? F::layer_norm(x, w, b, kEps) : C::layer_norm(x, w, b, kEps);
+    case Op::GroupNorm:
+      return fused ? F::group_norm(x, c.groups, w, b, kEps) : C::group_norm(x, c.groups, w, b, kEps);
+  }
+  return {};
+}
+
+void set_counters(benchmark::State& st, double bytes_per_iter) {
+  st.SetBytesProcessed(static_cast<int64_t>(bytes_per_iter * static_cast<double>(st.iterations())));
+  st.counters["threads"] = static_cast<double>(taper::cpu::num_threads());
+}
+
+void run_fwd(benchmark::State& st, const Case& c, bool fused) {
+  const Tensor x = make_randn(c.shape, c.dt, 11);
+  const size_t p = param_len(c);
+  const Tensor w = c.op == Op::Softmax ? Tensor() : make_randn({p}, c.dt, 12, 1.0, 0.1);
+  const Tensor b = c.op == Op::Softmax || c.op == Op::RmsNorm ? Tensor() : make_randn({p}, c.dt, 13, 0.0, 0.1);
+  for (auto _ : st) {
+    Tensor y = apply(c, fused, x, w, b);
+    benchmark::DoNotOptimize(y.data_ptr());
+  }
+  set_counters(st, minimal_bytes(c, false));
+}
+
+void run_fwd_bwd(benchmark::State& st, const Case& c, bool fused) {
+  const Var x = Var::from_tensor(make_randn(c.shape, c.dt, 11));
+  const size_t p = param_len(c);
+  Var w, b;
+  if (c.op != Op::Softmax) w = Var::from_tensor(make_randn({p}, c.dt, 12, 1.0, 0.1));
+  if (c.op == Op::LayerNorm || c.op == Op::GroupNorm)
+    b = Var::from_tensor(make_randn({p}, c.dt, 13, 0.0, 0.1));
+  const Tensor up = make_randn(c.shape, c.dt, 14);
+  for (auto _ : st) {
+    Tensor y = apply(c, fused, x, w, b);
+    taper::GradStore g = (y * up).sum_all().backward();
+    std::optional<Tensor> gx = g.get(x);
+    if (!gx) {
+      st.SkipWithError("no gradient reached x");
+      break;
+    }
+    benchmark::DoNotOptimize(gx->data_ptr());
+  }
+  set_counters(st, minimal_bytes(c, true));
+}
+
+// The loss alone, on a leaf of y's shape: what every fwd_bwd benchmark pays on top of the op.
+void run_harness(benchmark::State& st, const std::vector<size_t>& shape, DType dt) {
+  const Var y = Var::from_tensor(make_randn(shape, dt, 15));
+  const Tensor up = make_randn(shape, dt, 14);
+  for (auto _ : st) {
+    taper::GradStore g = (y * up).sum_all().backward();
+    benchmark::DoNotOptimize(g.get(y)->data_ptr());
+  }
+  st.counters["threads"] = static_cast<double>(taper::cpu::num_threads());
+}
+
+// STREAM-like copy of `bytes` over taper's thread count, one contiguous chunk per thread, on
+// pre-touched buffers. Bytes counted: 2 x size (read + write, the STREAM convention).
+void run_stream_copy(benchmark::State& st, size_t bytes) {
+  char* src = static_cast<char*>(std::aligned_alloc(64, bytes));
+  char* dst = static_cast<char*>(std::aligned_alloc(64, bytes));
+  std::memset(src, 1, bytes);
+  std::memset(dst, 2, bytes);
+  const size_t nt = taper::cpu::num_threads();
+  for (auto _ : st) {
+    taper::cpu::parallel_for(nt, 1, [&](size_t lo, size_t hi) {
+      for (size_t t = lo; t < hi; ++t) {
+        const size_t a = bytes / nt * t, e = t + 1 == nt ? bytes : bytes / nt * (t + 1);
+        std::memcpy(dst + a, src + a, e - a);
+      }
+    });
+    benchmark::DoNotOptimize(dst);
+    benchmark::ClobberMemory();
+  }
+  std::free(src);
+  std::free(dst);
+  st.SetBytesProcessed(static_cast<int64_t>(2.0 * static_cast<double>(bytes) *
+                                            static_cast<double>(st.iterations())));
+  st.counters["threads"] = static_cast<double>(nt);
+}
+
+std::vector<Case> cases() {
+  struct OpShapes {
+    Op op;
+    std::vector<std::vector<size_t>> shapes;
+    std::vector<size_t> groups;
+  };
+  const std::vector<OpShapes> table = {
+      {Op::Softmax, {{4096, 4096}, {1024, 32768}}, {0, 0}},
+      {Op::RmsNorm, {{4096, 4096}, {16384, 1024}}, {0, 0}},
+      {Op::LayerNorm, {{4096, 4096}, {16384, 1024}}, {0, 0}},
+      {Op::GroupNorm, {{8, 32, 64, 64}, {1, 16, 256, 256}}, {8, 4}},
+  };
+  std::vector<Case> out;
+  for (const OpShapes& o : table) {
+    for (DType dt : {DType::F32, DType::BF16})
+      for (size_t i = 0; i < o.shapes.size(); ++i) out.push_back({o.op, o.shapes[i], o.groups[i], dt});
+    out.push_back({o.op, o.shapes[0], o.groups[0], DType::F64});  // f64 at the first shape
+  }
+  return out;
+}
+
+void register_all() {
+  for (size_t mib : {64, 512}) {
+    const std::string name = "BM_stream_copy/" + std::to_string(mib) + "MiB";
+    benchmark::RegisterBenchmark(name.c_str(), [mib](benchmark::State& st) {
+      run_stream_copy(st, mib << 20);
+    })->UseRealTime()->Unit(benchmark::kMillisecond);
+  }
+  std::set<std::string> harness_done;
+  for (const Case& c : cases()) {
+    const std::string tail =
+        "/" + std::string(taper::dtype_name(c.dt)) + "/" + shape_name(c);
+    for (bool bwd : {false, true}) {
+      for (bool fused : {true, false}) {
+        const std::string name = std::string("BM_") + op_name(c.op) + (bwd ? "_fwd_bwd_" : "_fwd_") +
+                                 (fused ? "fused" : "composed") + tail;
+        benchmark::RegisterBenchmark(name.c_str(), [c, bwd, fused](benchmark::State& st) {
+          bwd ? run_fwd_bwd(st, c, fused) : run_fwd(st, c, fused);
+        })->UseRealTime()->Unit(benchmark::kMillisecond);
+      }
+    }
+    // One harness per (dtype, shape); group norm's name keeps its _g suffix so the report joins
+    // on the same key.
+    if (harness_done.insert(tail).second) {
+      const std::string name = "BM_loss_harness" + tail;
+      const std::vector<size_t> shape = c.shape;
+      const DType dt = c.dt;
+      benchmark::RegisterBenchmark(name.c_str(), [shape, dt](benchmark::State& st) {
+        run_harness(st, shape, dt);
+      })->UseRealTime()->Unit(benchmark::kMillisecond);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  (void)taper::cpu::num_threads();  // start the pool (and set BLAS's threads) before timing
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::AddCustomContext("taper_threads", std::to_string(taper::cpu::num_threads()));
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
