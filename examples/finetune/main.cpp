@@ -1,0 +1,675 @@
+// main.cpp: the `finetune` program: fine-tunes all-MiniLM-L6-v2 (a pretrained BERT) on the
+// task "which Jane Austen novel is this passage from?" (six classes), on the CPU.
+//
+// What it does: (1) the baseline: the frozen encoder's sentence embeddings (computed once under
+// NoGradGuard) with a linear head trained by AdamW on them, and its test accuracy; (2) fine-tunes
+// the whole model (encoder + that head) with AdamW, linear warm-up then linear decay, cross
+// entropy, printing step, loss, lr, tokens/s and ETA; (3) the test accuracy again; (4) saves a
+// safetensors checkpoint (model + optimizer state + step) that `--resume` continues exactly
+// (bit for bit): the batch order is a function of (seed, step), every dropout mask of
+// (seed, step), and the schedule of the step. Fine-tuning starts from the baseline's head
+// (linear probing, then fine-tuning), so the gain over the baseline is the encoder's.
+// `--bench-forward` instead times the encoder's forward (sentences/s).
+// What it is not: a general trainer; the task, the model and the head are fixed here.
+// Shape letters: B batch, T tokens, E hidden size, C classes.
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cpu/cpu_common.h"  // set_num_threads: taper's pool and BLAS (TAPER_NUM_THREADS)
+#include "examples/finetune/bert.h"
+#include "examples/finetune/data.h"
+#include "examples/finetune/tokenizer.h"
+#include "taper/nn/loss.h"
+#include "taper/nn/optim.h"
+#include "taper/nn/safetensors.h"
+#include "taper/taper.h"
+
+namespace fs = std::filesystem;
+using namespace taper;
+using namespace taper::finetune;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr const char* kFormat = "taper-finetune-austen-v1";
+
+// ---- flags ---------------------------------------------------------------------------------------
+
+struct Flags {
+  std::string device = "cpu";
+  std::string dtype = "f32";
+  int64_t steps = 200;
+  size_t batch = 16;
+  size_t seq_len = 64;
+  double lr = 3e-4;
+  double weight_decay = 0.01;
+  double warmup = 0.1;
+  double dropout = 0.0;
+  size_t threads = 0;  // 0: TAPER_NUM_THREADS or all cores
+  uint64_t seed = 1;
+  std::string out;  // empty: <repo>/build/finetune/checkpoint.safetensors
+  std::string resume;
+  std::string model_dir;
+  std::string data_dir;
+  int64_t log_every = 10;
+  int64_t save_every = 0;
+  int64_t stop_after = 0;  // 0: run to --steps
+  int64_t probe_steps = 200;
+  double probe_lr = 3e-3;
+  size_t probe_train = 0;  // 0: steps * batch, the fine-tuning's label budget
+  size_t eval_batch = 64;
+  size_t words = 48;
+  size_t test_limit = 0;  // 0: the whole test set
+  bool bench_forward = false;
+  std::set<std::string> given;  // flags set on the command line
+};
+
+const char* kUsage = R"(usage: finetune [flags]
+Fine-tunes all-MiniLM-L6-v2 to tell which of Jane Austen's six novels a passage comes from:
+first a baseline (frozen encoder + trained linear head), then the whole model.
+
+  --device cpu|cuda     where to run (default cpu)
+  --dtype f32|bf16      model dtype (default f32; the head stays f32)
+  --steps N             fine-tuning steps (default 200)
+  --batch N             passages per step (default 16)
+  --seq-len N           tokens per passage incl. [CLS]/[SEP] (default 64)
+  --lr X                peak learning rate of the fine-tuning (default 3e-4)
+  --weight-decay X      AdamW weight decay, not on biases and norms (default 0.01)
+  --warmup X            fraction of steps of linear warm-up (default 0.1)
+  --dropout X           hidden dropout while fine-tuning (default 0: off)
+  --threads N           CPU threads (default: TAPER_NUM_THREADS, else all cores)
+  --seed N              seed of the head, the batch order and dropout (default 1)
+  --out PATH            checkpoint written at the end (default
+                        <repo>/build/finetune/checkpoint.safetensors)
+  --save-every N        also write the checkpoint every N steps (default 0: only at the end)
+  --stop-after N        stop after N steps of this invocation, save, and exit (continue later
+                        with --resume; the schedule still spans --steps)
+  --resume PATH         continue from a checkpoint of this program (exactly)
+  --model-dir DIR       all-MiniLM-L6-v2 (default .models/all-MiniLM-L6-v2)
+  --data-dir DIR        janeaustenr's data folder (default .data/janeaustenr/usr/lib/R/site-library/janeaustenr/data)
+  --log-every N         progress line every N steps (default 10)
+  --probe-steps N       full-batch AdamW steps of the baseline's head (default 200)
+  --probe-lr X          learning rate of the baseline's head (default 3e-3)
+  --probe-train N       train passages embedded for the baseline (default: steps x batch,
+                        as many labelled passages as the fine-tuning sees)
+  --eval-batch N        passages per forward when embedding/evaluating (default 64)
+  --words N             words per passage (default 48)
+  --test-limit N        evaluate only the first N test passages (default 0: all; quick runs)
+  --bench-forward       only time the encoder forward (mean pooling included) at --batch x
+                        --seq-len (here 32 x 128 unless given), median of 5 runs (--steps N:
+                        N runs), and print sentences/s
+  --help                this text
+)";
+
+[[noreturn]] void usage_error(const std::string& msg) {
+  std::fprintf(stderr, "finetune: %s\n\n%s", msg.c_str(), kUsage);
+  std::exit(2);
+}
+
+Flags parse_flags(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i], value;
+    bool has_value = false;
+    if (const size_t eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+      has_value = true;
+    }
+    auto next = [&]() -> std::string {
+      if (has_value) return value;
+      if (i + 1 >= argc) usage_error("flag " + arg + " needs a value");
+      return argv[++i];
+    };
+    auto to_u64 = [&](const std::string& v) -> uint64_t {
+      char* end = nullptr;
+      errno = 0;
+      const unsigned long long x = std::strtoull(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || errno != 0 || v[0] == '-')
+        usage_error("flag " + arg + " needs a non-negative integer, got '" + v + "'");
+      return x;
+    };
+    auto to_f64 = [&](const std::string& v) -> double {
+      char* end = nullptr;
+      const double x = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end != '\0' || !std::isfinite(x) || x < 0)
+        usage_error("flag " + arg + " needs a non-negative number, got '" + v + "'");
+      return x;
+    };
+    f.given.insert(arg);
+    if (arg == "--help" || arg == "-h") {
+      std::printf("%s", kUsage);
+      std::exit(0);
+    } else if (arg == "--device") f.device = next();
+    else if (arg == "--dtype") f.dtype = next();
+    else if (arg == "--steps") f.steps = static_cast<int64_t>(to_u64(next()));
+    else if (arg == "--batch") f.batch = to_u64(next());
+    else if (arg == "--seq-len") f.seq_len = to_u64(next());
+    else if (arg == "--lr") f.lr = to_f64(next());
+    else if (arg == "--weight-decay") f.weight_decay = to_f64(next());
+    else if (arg == "--warmup") f.warmup = to_f64(next());
+    else if (arg == "--dropout") f.dropout = to_f64(next());
+    else if (arg == "--threads") f.threads = to_u64(next());
+    else if (arg == "--seed") f.seed = to_u64(next());
+    else if (arg == "--out") f.out = next();
+    else if (arg == "--save-every") f.save_every = static_cast<int64_t>(to_u64(next()));
+    else if (arg == "--stop-after") f.stop_after = static_cast<int64_t>(to_u64(next()));
+    else if (arg == "--resume") f.resume = next();
+    else if (arg == "--model-dir") f.model_dir = next();
+    else if (arg == "--data-dir") f.data_dir = next();
+    else if (arg == "--log-every") f.log_every = static_cast<int64_t>(to_u64(next()));
+    else if (arg == "--probe-steps") f.probe_steps = static_cast<int64_t>(to_u64(next()));
+    else if (arg == "--probe-lr") f.probe_lr = to_f64(next());
+    else if (arg == "--probe-train") f.probe_train = to_u64(next());
+    else if (arg == "--eval-batch") f.eval_batch = to_u64(next());
+    else if (arg == "--words") f.words = to_u64(next());
+    else if (arg == "--test-limit") f.test_limit = to_u64(next());
+    else if (arg == "--bench-forward") f.bench_forward = true;
+    else usage_error("unknown flag '" + arg + "'");
+    if (has_value && arg == "--bench-forward") usage_error("--bench-forward takes no value");
+  }
+  if (f.device != "cpu" && f.device != "cuda") usage_error("--device must be cpu or cuda, got '" + f.device + "'");
+  if (f.dtype != "f32" && f.dtype != "bf16") usage_error("--dtype must be f32 or bf16, got '" + f.dtype + "'");
+  if (f.batch == 0) usage_error("--batch must be > 0");
+  if (f.seq_len < 3 || f.seq_len > 512) usage_error("--seq-len must be in [3, 512]");
+  if (f.warmup > 1) usage_error("--warmup is a fraction of the steps, in [0, 1]");
+  if (f.dropout >= 1) usage_error("--dropout must be in [0, 1)");
+  if (f.log_every == 0) f.log_every = 1;
+  if (f.eval_batch == 0) usage_error("--eval-batch must be > 0");
+  if (f.words == 0) usage_error("--words must be > 0");
+  return f;
+}
+
+// The repository root: the nearest folder at or above the current one that holds
+// scripts/fetch_model.sh, else the source tree this program was built from.
+fs::path repo_root() {
+  for (fs::path p = fs::current_path();; p = p.parent_path()) {
+    if (fs::exists(p / "scripts/fetch_model.sh")) return p;
+    if (p == p.parent_path()) break;
+  }
+#ifdef TAPER_SOURCE_DIR
+  return fs::path(TAPER_SOURCE_DIR);
+#else
+  return fs::current_path();
+#endif
+}
+
+Device pick_device(const std::string& name) {
+  if (name == "cpu") return Device::cpu();
+  try {
+    device_backend(DeviceKind::Cuda);
+  } catch (const Error&) {
+    throw Error("--device cuda: this build has no CUDA backend (configure with -DTAPER_CUDA=ON "
+                "on a machine with nvcc)");
+  }
+  TAPER_CHECK(device_available(DeviceKind::Cuda), "--device cuda: no CUDA device is available");
+  return Device::cuda(0);
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string hms(double seconds) {
+  const long s = std::lround(std::max(0.0, seconds));
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%ld:%02ld", s / 60, s % 60);
+  return buf;
+}
+
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// ---- the model: encoder + linear head -------------------------------------------------------------
+
+/// logits = head(sqrt(E) * normalised sentence embedding). The fixed sqrt(E) scale gives the
+/// head unit-variance inputs (the embedding has norm 1), so one learning rate suits it.
+class Classifier : public nn::Module {
+ public:
+  Classifier(const BertConfig& config, DType dtype, size_t classes) : Module("Classifier") {
+    bert = register_module("bert", std::make_shared<BertModel>(config, dtype));
+    head = register_module("head", std::make_shared<nn::Linear>(config.hidden_size, classes));
+    scale_ = std::sqrt(static_cast<double>(config.hidden_size));
+  }
+  /// Sentence embeddings in f32. ids, mask: (B, T) -> (B, E).
+  Tensor embed(const Tensor& ids, const Tensor& mask) {
+    return bert->encode(ids, mask).to_dtype(DType::F32);
+  }
+  /// emb: (B, E) f32 -> logits (B, C).
+  Tensor classify(const Tensor& emb) { return head->forward(emb * scale_); }
+
+  std::shared_ptr<BertModel> bert;
+  std::shared_ptr<nn::Linear> head;
+
+ private:
+  double scale_ = 1.0;
+};
+
+// ---- batches ---------------------------------------------------------------------------------------
+
+struct Batch {
+  Tensor ids, mask, labels;  // (B, T) u32, (B, T) u8, (B) i64
+  size_t tokens = 0;         // B * T (padded tokens processed)
+};
+
+class Batcher {
+ public:
+  Batcher(const WordPieceTokenizer& tok, const std::vector<Passage>& passages, size_t seq_len,
+          Device dev)
+      : tok_(tok), passages_(passages), seq_len_(seq_len), dev_(dev), cache_(passages.size()) {}
+
+  Batch make(const std::vector<size_t>& idx) {
+    std::vector<std::string> texts;
+    std::vector<int64_t> labels;
+    size_t t = 2;
+    for (size_t i : idx) {
+      if (cache_[i].ids.empty()) cache_[i] = tok_.encode(passages_[i].text, seq_len_, /*pad=*/false);
+      t = std::max(t, cache_[i].length);
+      labels.push_back(passages_[i].label);
+    }
+    // Padded to the longest row of the batch: no work on padding when passages are short.
+    const size_t b = idx.size();
+    std::vector<uint32_t> ids(b * t, tok_.pad_id());
+    std::vector<uint8_t> mask(b * t, 0);
+    for (size_t r = 0; r < b; ++r) {
+      const Encoding& e = cache_[idx[r]];
+      for (size_t j = 0; j < e.length; ++j) {
+        ids[r * t + j] = e.ids[j];
+        mask[r * t + j] = 1;
+      }
+    }
+    Batch out;
+    out.ids = Tensor::from_vector(ids, Shape({b, t}), dev_);
+    out.mask = Tensor::from_vector(mask, Shape({b, t}), dev_);
+    out.labels = Tensor::from_vector(labels, Shape({b}), dev_);
+    out.tokens = b * t;
+    return out;
+  }
+
+ private:
+  const WordPieceTokenizer& tok_;
+  const std::vector<Passage>& passages_;
+  size_t seq_len_;
+  Device dev_;
+  std::vector<Encoding> cache_;
+};
+
+/// Sentence embeddings (N, E) f32 of `idx` under NoGradGuard, in eval mode.
+Tensor embed_all(Classifier& model, Batcher& batcher, const std::vector<size_t>& idx,
+                 size_t eval_batch) {
+  NoGradGuard ng;
+  const bool was_training = model.is_training();
+  model.eval();
+  std::vector<Tensor> parts;
+  for (size_t s = 0; s < idx.size(); s += eval_batch) {
+    const std::vector<size_t> sub(idx.begin() + s, idx.begin() + std::min(idx.size(), s + eval_batch));
+    const Batch b = batcher.make(sub);
+    parts.push_back(model.embed(b.ids, b.mask));
+  }
+  model.train(was_training);
+  return Tensor::cat(parts, 0);
+}
+
+double accuracy(const Tensor& logits, const Tensor& labels) {
+  const std::vector<int64_t> pred = logits.argmax(-1).to_vector<int64_t>();
+  const std::vector<int64_t> y = labels.to_vector<int64_t>();
+  size_t ok = 0;
+  for (size_t i = 0; i < y.size(); ++i) ok += pred[i] == y[i];
+  return y.empty() ? 0.0 : static_cast<double>(ok) / static_cast<double>(y.size());
+}
+
+Tensor labels_of(const std::vector<Passage>& ps, const std::vector<size_t>& idx, Device dev) {
+  std::vector<int64_t> y;
+  for (size_t i : idx) y.push_back(ps[i].label);
+  return Tensor::from_vector(y, Shape({y.size()}), dev);
+}
+
+/// Indices of the evaluated test passages.
+std::vector<size_t> test_indices(const Corpus& c, const Flags& f) {
+  const size_t n = f.test_limit ? std::min(f.test_limit, c.test.size()) : c.test.size();
+  std::vector<size_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = i;
+  return v;
+}
+
+/// Parameter groups: weight decay on matrices (and embeddings), none on biases and norms.
+std::vector<nn::ParamGroup> param_groups(const nn::Module& m) {
+  nn::ParamGroup decay, no_decay;
+  no_decay.weight_decay = 0.0;
+  for (const auto& [name, p] : m.named_parameters()) {
+    const bool vector_param = p.rank() < 2;
+    (vector_param ? no_decay : decay).params.push_back(p);
+  }
+  return {decay, no_decay};
+}
+
+// ---- checkpoints -----------------------------------------------------------------------------------
+
+std::map<std::string, std::string> checkpoint_metadata(const Flags& f, int64_t step,
+                                                       double baseline_acc, size_t classes) {
+  return {{"format", kFormat},
+          {"base_model", "all-MiniLM-L6-v2"},
+          {"classes", std::to_string(classes)},
+          {"step", std::to_string(step)},
+          {"steps", std::to_string(f.steps)},
+          {"batch", std::to_string(f.batch)},
+          {"seq_len", std::to_string(f.seq_len)},
+          {"lr", fmt("%.17g", f.lr)},
+          {"weight_decay", fmt("%.17g", f.weight_decay)},
+          {"warmup", fmt("%.17g", f.warmup)},
+          {"dropout", fmt("%.17g", f.dropout)},
+          {"seed", std::to_string(f.seed)},
+          {"dtype", f.dtype},
+          {"words", std::to_string(f.words)},
+          {"baseline_accuracy", fmt("%.17g", baseline_acc)}};
+}
+
+void save_checkpoint(const std::string& path, Classifier& model, const nn::Optimizer& opt,
+                     const Flags& f, int64_t step, double baseline_acc, size_t classes) {
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (auto& [k, t] : model.state_dict()) tensors.emplace_back("model." + k, t.to_device(Device::cpu()));
+  for (auto& [k, t] : opt.state_dict()) tensors.emplace_back("optim." + k, t.to_device(Device::cpu()));
+  tensors.emplace_back("train.step", Tensor::from_vector(std::vector<int64_t>{step}, Shape({1})));
+  if (fs::path(path).has_parent_path()) fs::create_directories(fs::path(path).parent_path());
+  safetensors::save(tensors, path, checkpoint_metadata(f, step, baseline_acc, classes));
+}
+
+/// Reads a checkpoint's run settings into `f` (flags given on the command line win, with a
+/// warning where that breaks exactness). Throws for a file that is not this program's.
+safetensors::File open_checkpoint(Flags& f) {
+  TAPER_CHECK(fs::exists(f.resume), "--resume: checkpoint ", f.resume, " not found");
+  safetensors::File file = safetensors::File::open(f.resume);
+  const auto& md = file.metadata();
+  auto it = md.find("format");
+  TAPER_CHECK(it != md.end() && it->second == kFormat, "--resume: ", f.resume,
+              " is not a checkpoint of this program (metadata format '",
+              it == md.end() ? std::string("none") : it->second, "', expected '", kFormat,
+              "'): a checkpoint of another model or task cannot be resumed");
+  auto get = [&](const char* k) {
+    auto j = md.find(k);
+    TAPER_CHECK(j != md.end(), "--resume: ", f.resume, " lacks the metadata entry '", k, "'");
+    return j->second;
+  };
+  auto adopt = [&](const char* flag, const char* key, auto& field, auto parse) {
+    const auto saved = parse(get(key));
+    if (!f.given.count(flag)) {
+      field = saved;
+    } else if (field != saved) {
+      std::fprintf(stderr, "finetune: warning: %s differs from the checkpoint's (%s); the resumed "
+                           "run will not match an uninterrupted one\n", flag, get(key).c_str());
+    }
+  };
+  auto as_u = [](const std::string& s) { return static_cast<size_t>(std::stoull(s)); };
+  auto as_i = [](const std::string& s) { return static_cast<int64_t>(std::stoll(s)); };
+  auto as_u64 = [](const std::string& s) { return static_cast<uint64_t>(std::stoull(s)); };
+  auto as_d = [](const std::string& s) { return std::stod(s); };
+  adopt("--steps", "steps", f.steps, as_i);
+  adopt("--batch", "batch", f.batch, as_u);
+  adopt("--seq-len", "seq_len", f.seq_len, as_u);
+  adopt("--lr", "lr", f.lr, as_d);
+  adopt("--weight-decay", "weight_decay", f.weight_decay, as_d);
+  adopt("--warmup", "warmup", f.warmup, as_d);
+  adopt("--dropout", "dropout", f.dropout, as_d);
+  adopt("--seed", "seed", f.seed, as_u64);
+  adopt("--words", "words", f.words, as_u);
+  const std::string dt = get("dtype");
+  TAPER_CHECK(!f.given.count("--dtype") || dt == f.dtype, "--resume: ", f.resume,
+              " was trained with --dtype ", dt, ", not ", f.dtype);
+  f.dtype = dt;
+  return file;
+}
+
+// ---- the phases ------------------------------------------------------------------------------------
+
+/// Trains the head alone on cached frozen embeddings (full batch AdamW); returns test accuracy.
+double baseline(Classifier& model, Batcher& train_b, Batcher& test_b, const Corpus& corpus,
+                const Flags& f, Device dev) {
+  const auto t0 = Clock::now();
+  const size_t wanted = f.probe_train ? f.probe_train : static_cast<size_t>(f.steps) * f.batch;
+  const size_t n_probe = std::min(std::max<size_t>(wanted, 1), corpus.train.size());
+  // A seeded subset of the train set (epoch 0's order).
+  const std::vector<size_t> probe_idx = BatchOrder(corpus.train.size(), f.seed ^ 0xba5eull).batch(0, n_probe);
+  const std::vector<size_t> test_idx = test_indices(corpus, f);
+  std::printf("baseline: embedding %zu train + %zu test passages with the frozen encoder\n",
+              n_probe, test_idx.size());
+  std::fflush(stdout);
+  const Tensor x_train = embed_all(model, train_b, probe_idx, f.eval_batch);
+  const Tensor x_test = embed_all(model, test_b, test_idx, f.eval_batch);
+  const double t_embed = since(t0);
+  const Tensor y_train = labels_of(corpus.train, probe_idx, dev);
+  const Tensor y_test = labels_of(corpus.test, test_idx, dev);
+
+  nn::AdamW opt(model.head->parameters(), nn::AdamWOptions(f.probe_lr).weight_decay(0.01));
+  double loss = 0.0;
+  for (int64_t s = 0; s < f.probe_steps; ++s) {
+    const Tensor l = nn::cross_entropy(model.classify(x_train), y_train);
+    GradStore g = l.backward();
+    opt.step(g);
+    loss = l.item();
+  }
+  double train_acc = 0.0, test_acc = 0.0;
+  {
+    NoGradGuard ng;
+    train_acc = accuracy(model.classify(x_train), y_train);
+    test_acc = accuracy(model.classify(x_test), y_test);
+  }
+  std::printf("baseline: head trained %lld steps (loss %.4f, train acc %.4f) in %.1f s "
+              "(embedding %.1f s, %.1f passages/s)\n",
+              static_cast<long long>(f.probe_steps), loss, train_acc, since(t0), t_embed,
+              static_cast<double>(n_probe + test_idx.size()) / t_embed);
+  std::printf("baseline: frozen encoder + linear head, test accuracy %.4f (%zu passages)\n",
+              test_acc, test_idx.size());
+  std::fflush(stdout);
+  return test_acc;
+}
+
+int bench_forward(const Flags& f, Device dev, DType dt, const fs::path& model_dir) {
+  auto model = BertModel::from_pretrained(model_dir, dt);
+  model->to(dev);
+  model->eval();
+  // sentence-transformers' usual benchmark shape unless --batch / --seq-len say otherwise.
+  const size_t b = f.given.count("--batch") ? f.batch : 32;
+  const size_t t = f.given.count("--seq-len") ? f.seq_len : 128;
+  // Random ids in the vocabulary's word range, every token attended: the cost does not depend
+  // on the ids.
+  const std::vector<float> r = Tensor::rand({b * t}, DType::F32, Device::cpu(), f.seed, 1000, 30000)
+                                   .to_vector<float>();
+  std::vector<uint32_t> ids(r.begin(), r.end());
+  const Tensor x = Tensor::from_vector(ids, Shape({b, t}), dev);
+  const Tensor m = Tensor::ones(Shape({b, t}), DType::U8, dev);
+  NoGradGuard ng;
+  auto run = [&] { return model->encode(x, m).to_vector<float>(); };
+  run();  // warm-up: allocator cache, BLAS buffers
+  const int reps = std::max(1, static_cast<int>(f.steps > 0 && f.given.count("--steps") ? f.steps : 5));
+  std::vector<double> times;
+  // Process CPU time too: on a shared machine the wall time also counts other programs' turns.
+  const std::clock_t c0 = std::clock();
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = Clock::now();
+    run();
+    times.push_back(since(t0));
+  }
+  const double cpu_s = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC / reps;
+  std::sort(times.begin(), times.end());
+  const double med = times[times.size() / 2];
+  std::printf("bench-forward: MiniLM-L6 (%s, %s) batch %zu x seq %zu, %zu threads: median %.3f s "
+              "per batch over %d runs (min %.3f) -> %.1f sentences/s, %.0f tokens/s; process CPU "
+              "time %.3f s per batch\n",
+              f.dtype.c_str(), dev.to_string().c_str(), b, t, cpu::num_threads(), med, reps,
+              times.front(), static_cast<double>(b) / med, static_cast<double>(b * t) / med, cpu_s);
+  return 0;
+}
+
+int run(Flags f) {
+  const auto t_start = Clock::now();
+  const Device dev = pick_device(f.device);
+  if (f.threads) cpu::set_num_threads(f.threads);
+  const fs::path root = repo_root();
+  const fs::path model_dir = f.model_dir.empty() ? root / ".models/all-MiniLM-L6-v2" : fs::path(f.model_dir);
+  const fs::path data_dir = f.data_dir.empty()
+                                ? root / ".data/janeaustenr/usr/lib/R/site-library/janeaustenr/data"
+                                : fs::path(f.data_dir);
+  for (const char* file : {"model.safetensors", "config.json", "vocab.txt"})
+    TAPER_CHECK(fs::exists(model_dir / file), "model file ", (model_dir / file).string(),
+                " not found: fetch all-MiniLM-L6-v2 with `bash scripts/fetch_model.sh` (or pass "
+                "--model-dir)");
+
+  if (f.out.empty()) f.out = (root / "build/finetune/checkpoint.safetensors").string();
+  if (f.bench_forward) return bench_forward(f, dev, f.dtype == "bf16" ? DType::BF16 : DType::F32, model_dir);
+
+  std::optional<safetensors::File> ckpt;
+  if (!f.resume.empty()) ckpt = open_checkpoint(f);
+  const DType dt = f.dtype == "bf16" ? DType::BF16 : DType::F32;
+
+  const WordPieceTokenizer tok = WordPieceTokenizer::from_file(model_dir / "vocab.txt");
+  CorpusOptions copt;
+  copt.words_per_passage = f.words;
+  const Corpus corpus = load_austen(data_dir, copt);
+  std::printf("data: %zu train / %zu test passages of %zu words from %zu novels\n",
+              corpus.train.size(), corpus.test.size(), f.words, corpus.class_names.size());
+
+  // Construction order fixes every seed (head init, dropout masks): the same for a resumed run.
+  nn::manual_seed(f.seed);
+  BertConfig config = BertConfig::from_json_file(model_dir / "config.json");
+  config.hidden_dropout_prob = f.dropout;
+  config.attention_probs_dropout_prob = 0.0;
+  Classifier model(config, dt, corpus.class_names.size());
+  model.bert->load_pretrained(model_dir / "model.safetensors");
+  model.to(dev);
+  std::printf("model: all-MiniLM-L6-v2 (%zu layers, hidden %zu, %.1fM parameters), %s on %s, "
+              "%zu threads\n",
+              config.num_hidden_layers, config.hidden_size, model.num_parameters() / 1e6,
+              f.dtype.c_str(), dev.to_string().c_str(), cpu::num_threads());
+  std::fflush(stdout);
+
+  Batcher train_b(tok, corpus.train, f.seq_len, dev), test_b(tok, corpus.test, f.seq_len, dev);
+
+  // The head is trained in the baseline phase (or restored with the checkpoint); fine-tuning
+  // starts from it, so the difference between the two accuracies is the encoder's.
+  double baseline_acc = 0.0;
+  int64_t start_step = 0;
+  nn::AdamW opt(param_groups(model), nn::AdamWOptions(f.lr).weight_decay(f.weight_decay));
+  if (ckpt) {
+    const auto all = [&] {
+      std::vector<std::pair<std::string, Tensor>> v;
+      for (const auto& n : ckpt->names()) v.emplace_back(n, ckpt->get(n, dev));
+      return v;
+    }();
+    std::vector<std::pair<std::string, Tensor>> model_part;
+    for (const auto& [k, t] : all)
+      if (k.rfind("model.", 0) == 0) model_part.emplace_back(k.substr(6), t);
+    model.load_state_dict(model_part, nn::LoadOptions().strict(true), "'" + f.resume + "'");
+    opt.load_state_dict(all, "optim.");
+    start_step = static_cast<int64_t>(ckpt->get("train.step").item());
+    baseline_acc = std::stod(ckpt->metadata().at("baseline_accuracy"));
+    std::printf("resume: %s at step %lld of %lld (baseline test accuracy %.4f from that run)\n",
+                f.resume.c_str(), static_cast<long long>(start_step),
+                static_cast<long long>(f.steps), baseline_acc);
+  } else {
+    baseline_acc = baseline(model, train_b, test_b, corpus, f, dev);
+  }
+  // Each training step draws one mask per dropout module: the counters are the step.
+  for (auto& d : model.bert->dropouts()) d->set_calls(static_cast<uint64_t>(start_step));
+
+  const int64_t warmup = static_cast<int64_t>(std::ceil(f.warmup * static_cast<double>(f.steps)));
+  const nn::WarmupLinearSchedule sched(f.lr, std::min(warmup, f.steps), f.steps);
+  BatchOrder order(corpus.train.size(), f.seed);
+  model.train();
+  const auto t_train = Clock::now();
+  size_t tokens = 0, window_tokens = 0;
+  double window_loss = 0.0;
+  int64_t window_n = 0;
+  auto t_window = Clock::now();
+  if (start_step < f.steps)
+    std::printf("fine-tune: %lld steps of %zu passages x <= %zu tokens, AdamW lr %g (warm-up %lld, "
+                "linear decay), weight decay %g, dropout %g\n",
+                static_cast<long long>(f.steps - start_step), f.batch, f.seq_len, f.lr,
+                static_cast<long long>(warmup), f.weight_decay, f.dropout);
+  for (int64_t step = start_step; step < f.steps; ++step) {
+    const Batch b = train_b.make(order.batch(step, f.batch));
+    const double lr = sched.apply(opt);
+    const Tensor loss = nn::cross_entropy(model.classify(model.embed(b.ids, b.mask)), b.labels);
+    GradStore g = loss.backward();
+    opt.step(g);
+    window_loss += loss.item();
+    ++window_n;
+    tokens += b.tokens;
+    window_tokens += b.tokens;
+    const int64_t done = step + 1;
+    if (done % f.log_every == 0 || done == f.steps) {
+      const double el = since(t_train), w = since(t_window);
+      const double per_step = el / static_cast<double>(done - start_step);
+      std::printf("step %5lld/%lld  loss %.4f  lr %.3e  %6.0f tok/s  elapsed %s  ETA %s\n",
+                  static_cast<long long>(done), static_cast<long long>(f.steps),
+                  window_loss / static_cast<double>(window_n), lr,
+                  static_cast<double>(window_tokens) / w, hms(el).c_str(),
+                  hms(per_step * static_cast<double>(f.steps - done)).c_str());
+      std::fflush(stdout);
+      window_loss = 0.0;
+      window_n = 0;
+      window_tokens = 0;
+      t_window = Clock::now();
+    }
+    if (f.stop_after > 0 && done - start_step >= f.stop_after && done < f.steps) {
+      save_checkpoint(f.out, model, opt, f, done, baseline_acc, corpus.class_names.size());
+      std::printf("stopped after %lld steps at step %lld of %lld; checkpoint %s (continue with "
+                  "--resume %s)\n",
+                  static_cast<long long>(done - start_step), static_cast<long long>(done),
+                  static_cast<long long>(f.steps), f.out.c_str(), f.out.c_str());
+      return 0;
+    }
+    if (f.save_every > 0 && done % f.save_every == 0 && done < f.steps)
+      save_checkpoint(f.out, model, opt, f, done, baseline_acc, corpus.class_names.size());
+  }
+  const double train_s = since(t_train);
+
+  const auto t_eval = Clock::now();
+  const std::vector<size_t> test_idx = test_indices(corpus, f);
+  const Tensor x_test = embed_all(model, test_b, test_idx, f.eval_batch);
+  double test_acc = 0.0;
+  {
+    NoGradGuard ng;
+    test_acc = accuracy(model.classify(x_test), labels_of(corpus.test, test_idx, dev));
+  }
+  const double eval_s = since(t_eval);
+  save_checkpoint(f.out, model, opt, f, std::max(start_step, f.steps), baseline_acc,
+                  corpus.class_names.size());
+  std::printf("fine-tuned: test accuracy %.4f (%zu passages; evaluated in %.1f s)\n", test_acc,
+              test_idx.size(), eval_s);
+  std::printf("checkpoint: %s (step %lld)\n", f.out.c_str(),
+              static_cast<long long>(std::max(start_step, f.steps)));
+  std::printf("summary: baseline %.4f -> fine-tuned %.4f test accuracy; fine-tuning %.1f s, "
+              "%.0f tokens/s; wall time %.1f s\n",
+              baseline_acc, test_acc, train_s,
+              train_s > 0 ? static_cast<double>(tokens) / train_s : 0.0, since(t_start));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags f = parse_flags(argc, argv);
+  try {
+    return run(f);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "finetune: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "finetune: error: %s\n", e.what());
+    return 1;
+  }
+}
