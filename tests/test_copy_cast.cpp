@@ -206,7 +206,8 @@ TEST(ToDtypeContract, RoundsOnceFromF64AndI64) {
   // i64 2^62 + 2^54 + 1: f64 rounds it to the bf16 tie 2^62 + 2^54 (then even: 2^62); once: up.
   const int64_t big = (int64_t{1} << 62) + (int64_t{1} << 54) + 1;
   Tensor xi = Tensor::from_vector(std::vector<int64_t>{big, -big}, {2});
-  const bf16* b = xi.to_dtype(DType::BF16).data<bf16>();
+  const Tensor xb = xi.to_dtype(DType::BF16);  // keep it alive while b points into it
+  const bf16* b = xb.data<bf16>();
   EXPECT_EQ(static_cast<double>(static_cast<float>(b[0])), std::ldexp(1.0, 62) + std::ldexp(1.0, 55));
   EXPECT_EQ(static_cast<double>(static_cast<float>(b[1])), -(std::ldexp(1.0, 62) + std::ldexp(1.0, 55)));
 }
