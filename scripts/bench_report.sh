@@ -47,10 +47,12 @@ run_bench() {  # name, filter
   fi
   echo "== running $name ($REPS repetitions, median reported; filter '$filter')" >&2
   local t0=$SECONDS
-  "$BIN/$name" --benchmark_filter="$filter" --benchmark_repetitions="$REPS" \
+  if ! "$BIN/$name" --benchmark_filter="$filter" --benchmark_repetitions="$REPS" \
     --benchmark_report_aggregates_only=true --benchmark_enable_random_interleaving=true \
     "${MIN_TIME_ARGS[@]}" \
-    --benchmark_out="$OUT/$name.csv" --benchmark_out_format=csv >&2
+    --benchmark_out="$OUT/$name.csv" --benchmark_out_format=csv >&2; then
+    echo "bench_report: $name failed; its rows are missing from the report" >&2
+  fi
   echo "== $name done in $((SECONDS - t0)) s" >&2
 }
 
@@ -76,7 +78,7 @@ echo
 
 # One awk pass over every CSV. Google Benchmark's CSV: context lines, then a header starting with
 # "name,"; names are quoted; times in the row's time_unit; rates in bytes/s and items/s; user
-# counters (threads, GFLOPS) as extra columns named in the header.
+# counters (threads) as extra columns named in the header.
 files=("$OUT/bench_fused.csv")
 [ -f "$OUT/bench_primitives.csv" ] && files+=("$OUT/bench_primitives.csv")
 [ -f "$OUT/bench_torch.csv" ] && files+=("$OUT/bench_torch.csv")
@@ -92,6 +94,11 @@ function fmt_ms(t) {
   if (t >= 100) return sprintf("%.0f", t)
   if (t >= 10) return sprintf("%.1f", t)
   return sprintf("%.2f", t)
+}
+function sort_key(op, dt, shape, pass,   o, d) {
+  o = op == "softmax" ? 1 : op == "log_softmax" ? 2 : op == "rms_norm" ? 3 : op == "layer_norm" ? 4 : op == "group_norm" ? 5 : 9
+  d = dt == "f32" ? 1 : dt == "bf16" ? 2 : dt == "f16" ? 3 : dt == "f64" ? 4 : 9
+  return o "." d "." shape "." (pass == "fwd" ? 1 : 2)
 }
 function ratio(a, b) { return (a == "" || b == "" || b <= 0) ? "-" : sprintf("%.2f×", a / b) }
 # Bytes of x for a shape word like 4096x4096 or 8x32x64x64_g8 and a dtype word.
@@ -146,7 +153,10 @@ END {
   hdrline = "| op | pass | dtype | shape | fused ms | composed ms | composed/fused | excl. loss | fused GB/s | % of stream | target |"
   sepline = "|---|---|---|---|---:|---:|---:|---:|---:|---:|---|"
   if (have_torch) { hdrline = hdrline " torch ms | torch/fused |"; sepline = sepline "---:|---:|" }
+  fflush()
   print hdrline; print sepline
+  fflush()
+  sorter = "sort -t \"\t\" -k1,1 | cut -f2-"
   for (i = 1; i <= nkeys; i++) {
     key = order[i]; split(key, kk, SUBSEP)
     f = res[key, "fused"]; c = res[key, "composed"]
@@ -172,8 +182,10 @@ END {
       tt = res[key, "torch"]
       line = line sprintf(" %s | %s |", errkey[key, "torch"] ? "error" : fmt_ms(tt), ratio(tt, f))
     }
-    print line
+    # Rows come in the order of the CSV (interleaved): sort them by op, dtype, shape, pass.
+    print sort_key(kk[1], kk[3], kk[4], kk[2]) "\t" line | sorter
   }
+  close(sorter)
   if (!("BM_add_f32/16777216" in time_ms)) exit
   print ""
   print "## Primitives (issue 2)"

@@ -31,9 +31,13 @@ cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release >/dev/null
 if [ "${1:-}" = "--bench" ]; then
   shift
   (($#)) && { echo "main.sh: --bench takes no further arguments" >&2; exit 2; }
+  # LibTorch's side-by-side bench is opt-in (benches/CMakeLists.txt); the report wants it.
+  cmake -S . -B build/release -DTAPER_BENCH_TORCH=ON >/dev/null
   # Only the bench programs (and the library they link): the tests are scripts/test.sh's job.
   targets=(bench_primitives bench_fused)
-  if cmake --build build/release --target help 2>/dev/null | grep -q bench_torch; then
+  # grep reads all of the list (no -q): an early exit would SIGPIPE cmake and, under pipefail,
+  # read as "no bench_torch".
+  if cmake --build build/release --target help 2>/dev/null | grep bench_torch >/dev/null; then
     targets+=(bench_torch)
   fi
   echo "== build ${targets[*]} (-j$JOBS)" >&2
