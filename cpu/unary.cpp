@@ -17,9 +17,12 @@
 // - sigmoid/silu/gelu use the two-sided form (e = exp(-|t|); 1/(1+e) or e/(1+e)), accurate in
 //   both tails; gelu (tanh form) is computed as x * sigmoid(2z), equal to 0.5x(1+tanh z). Its
 //   relative error grows like (1 + |2z|) u for negative x, the conditioning of sigmoid in 2z.
-// - gelu_erf is evaluated in f64 lanes for every dtype, erfc from our own Chebyshev fit of
-//   erfcx (relative error < 5e-16), with the rounding of x/sqrt2 and of b^2 compensated, so
-//   that f64 gets f64 accuracy and f32/bf16/f16 are (almost always) correctly rounded.
+// - gelu_erf: f64 in f64 lanes, erfc from our own Chebyshev fit of erfcx (relative error
+//   < 5e-16), with the rounding of x/sqrt2 and of b^2 compensated (f64 accuracy). f32/bf16/f16
+//   in f32 lanes: gelu(-t) = -t Phi(-t) = -G(t) exp(-t^2/2) for t = |x| >= 0.5 (gelu(t) = t +
+//   gelu(-t)), an erf polynomial in x^2 below; max error 1.5 ulp (FMA targets) / 1.8 ulp (SSE4,
+//   scalar), relative, over all of f32, the negative tail included (measured on every 7th f32
+//   in [-14.6, 8] against erfcl). See GeluErfF32 for the error budget.
 // - powf: f32/bf16/f16 evaluate exp(e*log|x|) in f64 lanes (the f32 error of e*log|x| would be
 //   amplified by |e*log x|); f64 uses std::pow per element (no SIMD pow is f64-accurate).
 // - affine and clamp round their double parameters to the compute type (f32 for bf16/f16/f32).
@@ -116,10 +119,12 @@ constexpr double kErfcxCheb[26] = {
     8.7290871020155379e-17,  -2.1422136890683647e-18,
 };
 
-/// Dekker's split of x (|x| < 2^995) into hi + lo, each with at most 26 significant bits, so
-/// products of halves are exact without FMA (SSE4/EMU128 have no fused MulAdd).
+/// Dekker's split of x into hi + lo, each with at most 26 (f64; |x| < 2^995) or 12 (f32;
+/// |x| < 2^115) significant bits, so products of halves are exact without FMA (SSE4/EMU128
+/// have no fused MulAdd).
 template <class D> HWY_INLINE void Split(D d, hn::Vec<D> x, hn::Vec<D>& hi, hn::Vec<D>& lo) {
-  const auto c = hn::Mul(hn::Set(d, 134217729.0), x);  // 2^27 + 1
+  using C = hn::TFromD<D>;
+  const auto c = hn::Mul(hn::Set(d, C(sizeof(C) == 8 ? 134217729.0 : 4097.0)), x);  // 2^27+1, 2^12+1
   hi = hn::Sub(c, hn::Sub(c, x));
   lo = hn::Sub(x, hi);
 }
@@ -174,6 +179,135 @@ struct GeluErfF64 {
     r = hn::IfThenElse(hn::Gt(x, hn::Set(d, 60.0)), x, r);
     r = hn::IfThenElse(hn::Lt(x, hn::Set(d, -60.0)), hn::Set(d, -0.0), r);
     return hn::IfThenElse(hn::IsNaN(x), x, r);
+  }
+};
+
+// ---- gelu_erf in f32 lanes -------------------------------------------------------------------
+
+/// a * b = p + e exactly (p the rounded product): one FMA where the target has it, Dekker's
+/// product otherwise (|a|, |b| < 2^115 for f32).
+template <class D>
+HWY_INLINE void TwoProd(D d, hn::Vec<D> a, hn::Vec<D> b, hn::Vec<D>& p, hn::Vec<D>& e) {
+  p = hn::Mul(a, b);
+#if HWY_NATIVE_FMA
+  (void)d;
+  e = hn::MulSub(a, b, p);
+#else
+  hn::Vec<D> ah, al, bh, bl;
+  Split(d, a, ah, al);
+  Split(d, b, bh, bl);
+  e = hn::Add(hn::Add(hn::Add(hn::MulSub(ah, bh, p), hn::Mul(ah, bl)), hn::Mul(al, bh)),
+              hn::Mul(al, bl));
+#endif
+}
+
+// The coefficients below were fitted offline with mpmath (50 digits): a linearised
+// least-squares fit in relative error on 200-400 Chebyshev nodes, reweighted (Lawson) towards
+// minimax, then (kGeluQ, kGeluR) the coefficients rounded to f32 one at a time, leading first,
+// refitting the remaining ones after each rounding (kGeluExp: rounded at once). Max relative
+// error of each fit with its f32 coefficients (exact arithmetic): kGeluQ 1.4e-9 (of F), kGeluR
+// 2.8e-8 (R; the f32 R(0) alone is 2.8e-8 off), kGeluExp 3.9e-9.
+
+// F(t) = (1 + c t) Phi(-t) exp(t^2/2), c = f32(sqrt(pi/2)), t in [0, 14.5]: flat (0.5 at both
+// ends, at most 0.593), so F = 0.5 + f(q) with f a polynomial in q = (t - 4)/(t + 4) in
+// [-1, 0.568], and the rounding of q hardly matters (|df/dq| small against F).
+constexpr float kGeluC = 1.25331414f;
+constexpr float kGeluQ[12] = {
+    0.0677154064f,   -0.0780356824f, -0.0139610581f,  0.0540097207f,
+    -0.0481724329f,  0.02463107f,    -0.00640105642f, -0.000524433854f,
+    0.000931364542f, -8.29181154e-05f, -0.000128263928f, -1.3796046e-05f,
+};
+// R(u) = erf(x/sqrt2) / (2x), u = x^2 in [0, 0.25]: gelu(x) = 0.5x + u R(u) for |x| < 0.5.
+constexpr float kGeluR[4] = {0.398942292f, -0.0664907321f, 0.0099723693f, -0.00115003239f};
+// exp(r) = 1 + r + r^2 S(r) on |r| <= ln2/2 + 0.001.
+constexpr float kGeluExp[5] = {0.49999994f, 0.166665196f, 0.0416684076f, 0.00836891402f,
+                               0.00138141855f};
+
+/// gelu_erf(x) = 0.5 x erfc(-x/sqrt2) in f32 lanes (for f32, bf16, f16 data).
+///
+/// t = |x|. For t >= 0.5: gelu(-t) = -G(t) 2^n (1 + e1), gelu(t) = t + gelu(-t) = t - G 2^n
+/// (1 + e1) (no cancellation: G 2^n (1 + e1) = t Phi(-t) <= t/2), where
+/// - G = t Phi(-t) exp(t^2/2) = t F(t) / (1 + c t), F = 0.5 + f(q) from kGeluQ. The numerator,
+///   the denominator and the quotient are each kept as an unevaluated sum hi + lo (TwoProd), so
+///   G carries only the ~0.1 u of f's evaluation instead of three roundings (measured: 2.6 u
+///   max without this);
+/// - exp(-t^2/2) = 2^n (1 + e1) with t^2 = s + slo exact (TwoProd) and the reduction
+///   r = -s/2 - n ln2_hi exact, so that the relative error does not grow with t^2 (a plain
+///   exp(-0.5f * t * t) is off by t^2/2 u, ~100 u at the underflow);
+/// - 2^n is applied last, in two exact steps and one final rounding, so the subnormal results
+///   (13.15 < t < 14.36) are rounded once, and gelu(x) == -0 for x <= -14.3561 (|result| below
+///   half the least subnormal).
+/// For t < 0.5 the erfc form loses the accuracy of q near -1 (|df/dq| ~ 0.9 F there): gelu(x) =
+/// 0.5x + x^2 R(x^2) (x^2 again as s + slo), whose rounding is amplified by at most
+/// 0.19/Phi(-0.5) = 0.62 for negative x.
+struct GeluErfF32 {
+  template <class D> HWY_INLINE hn::Vec<D> operator()(D d, hn::Vec<D> x) const {
+    static_assert(std::is_same_v<hn::TFromD<D>, float>, "the f32 gelu_erf");
+    using V = hn::Vec<D>;
+    const hn::RebindToSigned<D> di;
+    const V one = hn::Set(d, 1.0f);
+    const V half = hn::Set(d, 0.5f);
+    // Beyond 14.5 the result is x or -0 (both follow from t = 14.5). A select rather than Min:
+    // NaN lanes get t = 14.5 on every target (no NaN reaches ConvertTo); patched at the end.
+    const V ax = hn::Abs(x);
+    const V tmax = hn::Set(d, 14.5f);
+    const V t = hn::IfThenElse(hn::Lt(ax, tmax), ax, tmax);
+    V s, slo;
+    TwoProd(d, t, t, s, slo);
+
+    // |x| < 0.5.
+    V r_small = hn::Set(d, kGeluR[3]);
+    for (int k = 2; k >= 0; --k) r_small = hn::MulAdd(r_small, s, hn::Set(d, kGeluR[k]));
+    // CopySign: gelu(-0) = -0 (the sums above give +0).
+    const V small = hn::CopySign(
+        hn::MulAdd(s, r_small, hn::MulAdd(slo, r_small, hn::Mul(half, x))), x);
+
+    // exp(-(s + slo)/2) = 2^n exp(r + rlo): r exact (n ln2_hi has <= 23 bits for |n| <= 152).
+    const V a = hn::Mul(hn::Set(d, -0.5f), s);
+    const V alo = hn::Mul(hn::Set(d, -0.5f), slo);
+    const V nf = hn::Round(hn::Mul(a, hn::Set(d, 1.44269504f)));
+    const V r = hn::MulAdd(nf, hn::Set(d, -0.693145751953125f), a);
+    const V rlo = hn::MulAdd(nf, hn::Set(d, -1.42860677e-6f), alo);
+    V ps = hn::Set(d, kGeluExp[4]);
+    for (int k = 3; k >= 0; --k) ps = hn::MulAdd(ps, r, hn::Set(d, kGeluExp[k]));
+    V e1 = hn::MulAdd(ps, hn::Mul(r, r), r);          // exp(r) - 1
+    e1 = hn::Add(hn::MulAdd(rlo, e1, rlo), e1);        // exp(r + rlo) - 1
+
+    // G = num / den, num = t F = 0.5t + t f = num + dn, den = 1 + c t = den + dd exactly.
+    const V q = hn::Div(hn::Sub(t, hn::Set(d, 4.0f)), hn::Add(t, hn::Set(d, 4.0f)));
+    V f = hn::Set(d, kGeluQ[11]);
+    for (int k = 10; k >= 0; --k) f = hn::MulAdd(f, q, hn::Set(d, kGeluQ[k]));
+    const V ht = hn::Mul(half, t);
+    const V num = hn::MulAdd(t, f, ht);
+    V pf, ef;
+    TwoProd(d, t, f, pf, ef);
+    const V dn = hn::Add(hn::Add(hn::Sub(ht, num), pf), ef);  // first two steps exact (Sterbenz)
+    const V c = hn::Set(d, kGeluC);
+    const V den = hn::MulAdd(c, t, one);
+    V pc, ec;
+    TwoProd(d, c, t, pc, ec);
+    const V dd = hn::Add(hn::Add(hn::Sub(one, den), pc), ec);
+    // g0 = num/den to ~2 u (a multiplication by the rounded reciprocal); g0 + gl = G to ~u^2 via
+    // the exact residual.
+    const V rden = hn::Div(one, den);
+    const V g0 = hn::Mul(num, rden);
+    V pg, eg;
+    TwoProd(d, g0, den, pg, eg);
+    const V res = hn::Sub(hn::Sub(num, pg), eg);
+    const V gl = hn::Mul(hn::NegMulAdd(g0, dd, hn::Add(res, dn)), rden);
+    // m = (g0 + gl)(1 + e1), the large part g0 added last.
+    const V m = hn::Add(g0, hn::MulAdd(g0, e1, hn::MulAdd(gl, e1, gl)));
+    // y = m 2^n with n in [-152, 0]: two normal powers of two, one rounding at the end.
+    const auto n = hn::ConvertTo(di, nf);
+    const auto n1 = hn::ShiftRight<1>(n);
+    const auto bias = hn::Set(di, 127);
+    const V p1 = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(n1, bias)));
+    const V p2 = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(hn::Sub(n, n1), bias)));
+    const V y = hn::Mul(hn::Mul(m, p1), p2);
+
+    V out = hn::IfThenElse(hn::Ge(x, hn::Zero(d)), hn::Sub(x, y), hn::Neg(y));
+    out = hn::IfThenElse(hn::Lt(t, half), small, out);
+    return hn::IfThenElse(hn::IsNaN(x), x, out);
   }
 };
 
@@ -283,7 +417,9 @@ HWY_INLINE void UnaryT(int op, const T* HWY_RESTRICT in, T* HWY_RESTRICT out, si
     case OpId::sigmoid: return Apply(d, in, out, n, SigmoidOp());
     case OpId::relu: return Apply(d, in, out, n, ReluOp());
     case OpId::gelu: return Apply(d, in, out, n, GeluOp());
-    case OpId::gelu_erf: return Apply(dd, in, out, n, GeluErfF64());
+    case OpId::gelu_erf:
+      if constexpr (std::is_same_v<T, double>) return Apply(dd, in, out, n, GeluErfF64());
+      else return Apply(d, in, out, n, GeluErfF32());
     case OpId::silu: return Apply(d, in, out, n, SiluOp());
     case OpId::sin: return Apply(d, in, out, n, SinOp());
     case OpId::cos: return Apply(d, in, out, n, CosOp());
