@@ -8,21 +8,18 @@
 // so a fused benchmark and its composed twin differ only in that word (group norm's shape
 // carries its group count: 8x32x64x64_g8). scripts/bench_report.sh joins the twins.
 // Also measured here, so the GB/s compare with the same process's bandwidth:
-//   BM_stream_copy/<size>      a STREAM-like copy over taper's thread count (2 x size bytes);
-//   BM_loss_harness/<dt>/<shape>  the cost of the loss used to drive the backward alone.
+//   BM_stream_copy/<size>      a STREAM-like copy over taper's thread count (2 x size bytes).
 // What it is not: a correctness check (tests/ do that).
 //
-// Forward+backward drives the graph as training does: x, w, b are Vars, y = op(x, w, b),
-// loss = (y * up).sum_all() with a fixed random `up` of y's dtype, then loss.backward(). The loss
-// (one mul and one sum forward, one mul backward) is the same for the fused and composed paths
-// and is not counted in the bytes; BM_loss_harness times it on its own.
+// Forward+backward: x, w, b are Vars, y = op(x, w, b), then y.backward(up) with a fixed random
+// upstream gradient `up` of y's dtype (PyTorch's y.backward(up)): the op's forward and its
+// backward and nothing else, so fused/composed is the ratio of the ops themselves.
 // Every benchmark uses wall time (UseRealTime): the kernels run on taper's thread pool.
 #include <benchmark/benchmark.h>
 
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -144,7 +141,7 @@ void run_fwd_bwd(benchmark::State& st, const Case& c, bool fused) {
   const Tensor up = make_randn(c.shape, c.dt, 14);
   for (auto _ : st) {
     Tensor y = apply(c, fused, x, w, b);
-    taper::GradStore g = (y * up).sum_all().backward();
+    taper::GradStore g = y.backward(up);
     std::optional<Tensor> gx = g.get(x);
     if (!gx) {
       st.SkipWithError("no gradient reached x");
@@ -153,17 +150,6 @@ void run_fwd_bwd(benchmark::State& st, const Case& c, bool fused) {
     benchmark::DoNotOptimize(gx->data_ptr());
   }
   set_counters(st, minimal_bytes(c, true));
-}
-
-// The loss alone, on a leaf of y's shape: what every fwd_bwd benchmark pays on top of the op.
-void run_harness(benchmark::State& st, const std::vector<size_t>& shape, DType dt) {
-  const Var y = Var::from_tensor(make_randn(shape, dt, 15));
-  const Tensor up = make_randn(shape, dt, 14);
-  for (auto _ : st) {
-    taper::GradStore g = (y * up).sum_all().backward();
-    benchmark::DoNotOptimize(g.get(y)->data_ptr());
-  }
-  st.counters["threads"] = static_cast<double>(taper::cpu::num_threads());
 }
 
 // STREAM-like copy of `bytes` over taper's thread count, one contiguous chunk per thread, on
@@ -219,7 +205,6 @@ void register_all() {
       run_stream_copy(st, mib << 20);
     })->UseRealTime()->Unit(benchmark::kMillisecond);
   }
-  std::set<std::string> harness_done;
   for (const Case& c : cases()) {
     const std::string tail =
         "/" + std::string(taper::dtype_name(c.dt)) + "/" + shape_name(c);
@@ -231,16 +216,6 @@ void register_all() {
           bwd ? run_fwd_bwd(st, c, fused) : run_fwd(st, c, fused);
         })->UseRealTime()->Unit(benchmark::kMillisecond);
       }
-    }
-    // One harness per (dtype, shape); group norm's name keeps its _g suffix so the report joins
-    // on the same key.
-    if (harness_done.insert(tail).second) {
-      const std::string name = "BM_loss_harness" + tail;
-      const std::vector<size_t> shape = c.shape;
-      const DType dt = c.dt;
-      benchmark::RegisterBenchmark(name.c_str(), [shape, dt](benchmark::State& st) {
-        run_harness(st, shape, dt);
-      })->UseRealTime()->Unit(benchmark::kMillisecond);
     }
   }
 }

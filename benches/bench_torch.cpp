@@ -6,8 +6,8 @@
 // and forward+backward, named
 //   BM_<op>_<fwd|fwd_bwd>_torch/<dtype>/<shape>
 // with the same <op>, <dtype> and <shape> words as bench_fused, and the same minimal bytes.
-// Forward+backward uses the same loss as bench_fused: (y * up).sum() with a fixed random `up` of
-// y's dtype, then backward; the gradients are dropped after each iteration, so every iteration
+// Forward+backward as bench_fused: y.backward(up) with a fixed random upstream gradient `up` of
+// y's dtype; the gradients are dropped after each iteration, so every iteration
 // allocates them afresh, as taper does. Threads: TAPER_NUM_THREADS (else all cores), intra-op;
 // one inter-op thread. An (op, dtype) that this LibTorch lacks on the CPU is reported as an
 // error row, not a crash.
@@ -115,7 +115,7 @@ void run(benchmark::State& st, const Case& c, bool bwd) {
       if (b.defined()) b.requires_grad_(true);
       for (auto _ : st) {
         torch::Tensor y = apply(c, x, w, b);
-        (y * up).sum().backward();
+        y.backward(up);
         benchmark::DoNotOptimize(x.grad().data_ptr());
         x.mutable_grad() = torch::Tensor();
         if (w.defined()) w.mutable_grad() = torch::Tensor();

@@ -129,7 +129,6 @@ FNR == 1 { hdr = 0 }
     if (mib + 0 > best_mib && gbs[name] != "") { best_mib = mib + 0; stream = gbs[name] }
     next
   }
-  if (name ~ /^BM_loss_harness\//) { hn = name; sub(/^BM_loss_harness\//, "", hn); harness[hn] = t; next }
   # BM_<op>_<fwd|fwd_bwd>_<fused|composed|torch>/<dtype>/<shape>
   if (FILENAME ~ /bench_(fused|torch)/ && split(name, p, "/") == 3) {
     head = p[1]; sub(/^BM_/, "", head)
@@ -147,11 +146,11 @@ END {
   if (stream != "")
     printf "STREAM-like copy (%d MiB arrays, same program, same threads): **%.1f GB/s**. ", best_mib, stream
   print "GB/s counts the minimal bytes (each input read once, each output written once; formulas in benches/bench_fused.cpp). " \
-        "fwd_bwd includes the loss `(y * up).sum_all()` and its backward, the same for both paths; " \
-        "\"excl. loss\" subtracts BM_loss_harness (that loss alone) from both times before dividing."
+        "fwd_bwd is the op forward, then `y.backward(up)` with a fixed random upstream gradient: " \
+        "the op's forward and backward and nothing else, in every column."
   print ""
-  hdrline = "| op | pass | dtype | shape | fused ms | composed ms | composed/fused | excl. loss | fused GB/s | % of stream | target |"
-  sepline = "|---|---|---|---|---:|---:|---:|---:|---:|---:|---|"
+  hdrline = "| op | pass | dtype | shape | fused ms | composed ms | composed/fused | fused GB/s | % of stream | target |"
+  sepline = "|---|---|---|---|---:|---:|---:|---:|---:|---|"
   if (have_torch) { hdrline = hdrline " torch ms | torch/fused |"; sepline = sepline "---:|---:|" }
   fflush()
   print hdrline; print sepline
@@ -160,10 +159,6 @@ END {
   for (i = 1; i <= nkeys; i++) {
     key = order[i]; split(key, kk, SUBSEP)
     f = res[key, "fused"]; c = res[key, "composed"]
-    hk = kk[3] "/" kk[4]
-    ex = "-"
-    if (kk[2] == "fwd_bwd" && (hk in harness) && f != "" && c != "" && f > harness[hk])
-      ex = ratio(c - harness[hk], f - harness[hk])
     g = rate[key, "fused"]
     pct = (g != "" && stream != "") ? sprintf("%.0f%%", 100 * g / stream) : "-"
     # Targets of issue 3: fwd_bwd speed-up >= 6x (softmax) / 3x (norms); fwd >= 80% of the
@@ -175,9 +170,9 @@ END {
     } else if (kk[2] == "fwd" && g != "" && stream != "" && 2 * x_bytes(kk[4], kk[3]) > 32 * 1048576) {
       tgt = sprintf("≥80%%: %s", (g / stream >= 0.8) ? "met" : "**missed**")
     }
-    line = sprintf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |", kk[1], kk[2], kk[3], kk[4],
+    line = sprintf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |", kk[1], kk[2], kk[3], kk[4],
                    errkey[key, "fused"] ? "error" : fmt_ms(f), errkey[key, "composed"] ? "error" : fmt_ms(c),
-                   ratio(c, f), ex, (g == "" ? "-" : sprintf("%.1f", g)), pct, tgt)
+                   ratio(c, f), (g == "" ? "-" : sprintf("%.1f", g)), pct, tgt)
     if (have_torch) {
       tt = res[key, "torch"]
       line = line sprintf(" %s | %s |", errkey[key, "torch"] ? "error" : fmt_ms(tt), ratio(tt, f))

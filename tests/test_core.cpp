@@ -142,6 +142,29 @@ TEST(Autograd, FanInAccumulates) {
   EXPECT_EQ(g.get(x)->to_vector<double>(), (std::vector<double>{6, 8, 10}));
 }
 
+
+TEST(Autograd, BackwardWithUpstreamGradientIsTheVectorJacobianProduct) {
+  Var x = Var::from_tensor(f64({1, 2, 3}, {3}));
+  const Tensor up = f64({0.5, -1, 2}, {3});
+  Tensor y = x * x;  // dy/dx = 2x
+  GradStore g = y.backward(up);
+  ASSERT_TRUE(g.get(x));
+  EXPECT_EQ(g.get(x)->to_vector<double>(), (std::vector<double>{1, -4, 12}));
+  // The same as the gradient of the scalar (y * up).sum_all().
+  GradStore ref = ((x * x) * up).sum_all().backward();
+  EXPECT_EQ(ref.get(x)->to_vector<double>(), g.get(x)->to_vector<double>());
+  // A leaf's own gradient is the upstream gradient.
+  EXPECT_EQ(Tensor(x).backward(up).get(x)->to_vector<double>(), up.to_vector<double>());
+
+  const std::string shape_err = error_of([&] { (x * x).backward(f64({1, 2}, {2})); });
+  EXPECT_NE(shape_err.find("backward"), std::string::npos) << shape_err;
+  EXPECT_NE(shape_err.find("(3)"), std::string::npos) << shape_err;
+  EXPECT_NE(shape_err.find("(2)"), std::string::npos) << shape_err;
+  const std::string dtype_err = error_of([&] { (x * x).backward(up.to_dtype(DType::F32)); });
+  EXPECT_NE(dtype_err.find("f32"), std::string::npos) << dtype_err;
+  EXPECT_NE(dtype_err.find("f64"), std::string::npos) << dtype_err;
+  EXPECT_NE(error_of([&] { (x * x).backward(); }).find("backward(grad)"), std::string::npos);
+}
 TEST(Autograd, GradientsReachEveryLeaf) {
   Var a = Var::from_tensor(f64({1, 2}, {2}));
   Var b = Var::from_tensor(f64({3, 4}, {2}));

@@ -55,10 +55,21 @@ void GradStore::remove(const Tensor& t) { grads_.erase(t.id()); }
 
 GradStore Tensor::backward() const {
   TAPER_CHECK(elem_count() == 1, "backward: needs a single-element tensor, got shape ",
-              shape().to_string());
+              shape().to_string(), " (pass the upstream gradient: backward(grad))");
   TAPER_CHECK(is_float(dtype()), "backward: needs a float tensor, got ", dtype_name(dtype()));
+  return backward(Tensor::ones(shape(), dtype(), device()));
+}
+
+GradStore Tensor::backward(const Tensor& root_grad) const {
+  TAPER_CHECK(is_float(dtype()), "backward: needs a float tensor, got ", dtype_name(dtype()));
+  TAPER_CHECK(root_grad.defined(), "backward: the upstream gradient is an undefined Tensor");
+  TAPER_CHECK(root_grad.shape() == shape() && root_grad.dtype() == dtype() &&
+                  root_grad.device() == device(),
+              "backward: the upstream gradient must match the tensor: tensor ", shape().to_string(),
+              " ", dtype_name(dtype()), " on ", device().to_string(), ", gradient ",
+              root_grad.shape().to_string(), " ", dtype_name(root_grad.dtype()), " on ",
+              root_grad.device().to_string());
   GradStore store;
-  const Tensor root_grad = Tensor::ones(shape(), dtype(), device());
   if (!tracks_grad()) return store;
   if (!impl_ptr()->grad_fn) {  // the root is itself a leaf
     store.insert(*this, root_grad);

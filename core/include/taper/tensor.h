@@ -186,6 +186,9 @@ class Tensor {
   // ---- autograd -------------------------------------------------------------------------------
   /// Backpropagates from this single-element tensor; returns the gradients of every leaf.
   GradStore backward() const;
+  /// Backpropagates `grad`, the gradient of some scalar with respect to this tensor (same shape,
+  /// dtype and device), as PyTorch's `y.backward(grad)`: the vector-Jacobian product of the graph.
+  GradStore backward(const Tensor& grad) const;
 
  private:
   const TensorImpl& impl() const {
