@@ -58,6 +58,7 @@ struct Job {
   size_t nchunks = 1;
   double* part_mean = nullptr;  ///< per item
   double* part_m2 = nullptr;    ///< per item (rms: sum of squares)
+  bool stream = false;          ///< y is written with streaming stores (kStreamStoreBytes)
 };
 
 /// Statistics are computed over chunks of at most this many elements (two passes over L1/L2).
@@ -195,14 +196,17 @@ HWY_INLINE void ChunkStats(nd::Kind kind, const T* x, size_t n, TC<T>* mean, TC<
 // ---- normalisation ---------------------------------------------------------------------------
 
 /// y = (x - mean) * rstd * w + b on x[lo, hi) of a row whose w/b are per element (rms: mean 0).
-template <bool kW, bool kB, class T>
+/// pf: the next row's x, prefetched along (or null).
+template <bool kStream, bool kW, bool kB, class T>
 HWY_INLINE void WriteElementwise(const T* HWY_RESTRICT x, const T* HWY_RESTRICT w,
                                  const T* HWY_RESTRICT b, T* HWY_RESTRICT y, size_t lo, size_t hi,
-                                 TC<T> mean, TC<T> rstd) {
+                                 TC<T> mean, TC<T> rstd, const T* pf) {
   const DC<T> d;
   const size_t N = hn::Lanes(d);
   const auto vm = hn::Set(d, mean), vr = hn::Set(d, rstd);
-  auto f = [&](auto vx, size_t i, size_t n) {
+  auto f = [&](size_t i, size_t n) {
+    if (pf) hwy::Prefetch(pf + i);
+    const auto vx = n == N ? LoadAs(d, x + i) : LoadAsN(d, x + i, n);
     auto t = hn::Mul(hn::Sub(vx, vm), vr);
     if constexpr (kW) {
       const auto vw = n == N ? LoadAs(d, w + i) : LoadAsN(d, w + i, n);
@@ -217,31 +221,23 @@ HWY_INLINE void WriteElementwise(const T* HWY_RESTRICT x, const T* HWY_RESTRICT 
       return t;
     }
   };
-  size_t i = lo;
-  for (; i + N <= hi; i += N) StoreFrom(d, f(LoadAs(d, x + i), i, N), y + i);
-  if (i < hi) StoreFromN(d, f(LoadAsN(d, x + i, hi - i), i, hi - i), y + i, hi - i);
+  MapStore<kStream>(d, y, lo, hi, f);
 }
 
 /// y = (x - mean) * a + c on x[lo, hi), with a = rstd * w[ch], c = b[ch] constant per channel.
-template <class T>
+template <bool kStream, class T>
 HWY_INLINE void WriteAffineRun(const T* HWY_RESTRICT x, T* HWY_RESTRICT y, size_t lo, size_t hi,
                                TC<T> mean, TC<T> a, TC<T> c) {
   const DC<T> d;
   const size_t N = hn::Lanes(d);
   const auto vm = hn::Set(d, mean), va = hn::Set(d, a), vc = hn::Set(d, c);
-  size_t i = lo;
-  for (; i + 2 * N <= hi; i += 2 * N) {
-    StoreFrom(d, hn::MulAdd(hn::Sub(LoadAs(d, x + i), vm), va, vc), y + i);
-    StoreFrom(d, hn::MulAdd(hn::Sub(LoadAs(d, x + i + N), vm), va, vc), y + i + N);
-  }
-  for (; i + N <= hi; i += N) StoreFrom(d, hn::MulAdd(hn::Sub(LoadAs(d, x + i), vm), va, vc), y + i);
-  if (i < hi) {
-    StoreFromN(d, hn::MulAdd(hn::Sub(LoadAsN(d, x + i, hi - i), vm), va, vc), y + i, hi - i);
-  }
+  MapStore<kStream>(d, y, lo, hi, [&](size_t i, size_t n) {
+    return hn::MulAdd(hn::Sub(n == N ? LoadAs(d, x + i) : LoadAsN(d, x + i, n), vm), va, vc);
+  });
 }
 
-/// Normalises elements [lo, hi) of row r.
-template <class T> void WriteRange(const nd::Job& j, size_t r, size_t lo, size_t hi) {
+template <bool kStream, class T>
+void WriteRangeT(const nd::Job& j, size_t r, size_t lo, size_t hi, const T* pf) {
   using C = TC<T>;
   const T* x = static_cast<const T*>(j.x) + r * j.L;
   T* y = static_cast<T*>(j.y) + r * j.L;
@@ -255,15 +251,22 @@ template <class T> void WriteRange(const nd::Job& j, size_t r, size_t lo, size_t
       const size_t k = s0 / j.S, s1 = std::min(hi, (k + 1) * j.S);
       const C a = w ? rstd * widen(w[ch0 + k]) : rstd;
       const C c = b ? widen(b[ch0 + k]) : C(0);
-      WriteAffineRun(x, y, s0, s1, mean, a, c);
+      WriteAffineRun<kStream>(x, y, s0, s1, mean, a, c);
       s0 = s1;
     }
     return;
   }
-  if (w && b) WriteElementwise<true, true>(x, w, b, y, lo, hi, mean, rstd);
-  else if (w) WriteElementwise<true, false>(x, w, b, y, lo, hi, mean, rstd);
-  else if (b) WriteElementwise<false, true>(x, w, b, y, lo, hi, mean, rstd);
-  else WriteElementwise<false, false>(x, w, b, y, lo, hi, mean, rstd);
+  if (w && b) WriteElementwise<kStream, true, true>(x, w, b, y, lo, hi, mean, rstd, pf);
+  else if (w) WriteElementwise<kStream, true, false>(x, w, b, y, lo, hi, mean, rstd, pf);
+  else if (b) WriteElementwise<kStream, false, true>(x, w, b, y, lo, hi, mean, rstd, pf);
+  else WriteElementwise<kStream, false, false>(x, w, b, y, lo, hi, mean, rstd, pf);
+}
+
+/// Normalises elements [lo, hi) of row r; pf (or null) is prefetched along (the next row's x).
+template <class T>
+void WriteRange(const nd::Job& j, size_t r, size_t lo, size_t hi, const T* pf = nullptr) {
+  if (j.stream) WriteRangeT<true>(j, r, lo, hi, pf);
+  else WriteRangeT<false>(j, r, lo, hi, pf);
 }
 
 /// Stores row r's statistics from its merged (mean, M2) or sum of squares.
@@ -288,7 +291,10 @@ template <class T> void NormRange(const nd::Job& j, nd::Phase phase, size_t begi
         else acc.add(static_cast<double>(n), m, m2);
       }
       StoreStats<C>(j, it, acc.mean, acc.m2);
-      WriteRange<T>(j, it, 0, j.L);
+      // The next row's x is fetched while this one is written (its statistics pass then reads
+      // the cache, and memory stays busy during the compute of the write).
+      const bool pf = it + 1 < end && j.L * sizeof(T) <= kPrefetchRowBytes;
+      WriteRange<T>(j, it, 0, j.L, pf ? xr + j.L : nullptr);
       continue;
     }
     const size_t r = it / j.nchunks, c0 = (it % j.nchunks) * j.chunk;
@@ -302,6 +308,7 @@ template <class T> void NormRange(const nd::Job& j, nd::Phase phase, size_t begi
       WriteRange<T>(j, r, c0, c1);
     }
   }
+  if (j.stream) hwy::FlushStream();  // before the pool's hand-back publishes the rows
 }
 
 void NormRun(const nd::Job& j, nd::Phase phase, size_t begin, size_t end) {
@@ -417,6 +424,7 @@ std::vector<Tensor> rms_norm_kernel(const std::vector<Tensor>& in, const OpAttrs
   j.x = x.data_ptr();
   j.w = ptr_or_null(in, 1);
   j.y = y.data_ptr();
+  j.stream = y.elem_count() * dtype_size(y.dtype()) >= kStreamStoreBytes;
   j.rstd = rstd.data_ptr();
   j.L = x.rank() ? x.dims().back() : 1;
   j.eps = attrs.f0;
@@ -439,6 +447,7 @@ std::vector<Tensor> layer_norm_kernel(const std::vector<Tensor>& in, const OpAtt
   j.w = ptr_or_null(in, 1);
   j.b = ptr_or_null(in, 2);
   j.y = y.data_ptr();
+  j.stream = y.elem_count() * dtype_size(y.dtype()) >= kStreamStoreBytes;
   j.mean = mean.data_ptr();
   j.rstd = rstd.data_ptr();
   j.L = x.rank() ? x.dims().back() : 1;
@@ -466,6 +475,7 @@ std::vector<Tensor> group_norm_kernel(const std::vector<Tensor>& in, const OpAtt
   j.w = ptr_or_null(in, 1);
   j.b = ptr_or_null(in, 2);
   j.y = y.data_ptr();
+  j.stream = y.elem_count() * dtype_size(y.dtype()) >= kStreamStoreBytes;
   j.mean = mean.data_ptr();
   j.rstd = rstd.data_ptr();
   j.L = C / G * S;

@@ -68,8 +68,10 @@ template <class T> inline compute_t<T> widen(T v) { return static_cast<compute_t
 #define TAPER_CPU_SIMD_HALF_INL_H_
 #endif
 
+#include <algorithm>
 #include <cstring>
 
+#include "hwy/cache_control.h"
 #include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -272,6 +274,78 @@ template <class D, class T> HWY_INLINE void StoreFrom(D d, hn::Vec<D> v, T* HWY_
       detail::StoreF32(df, detail::F64ToF32RoundOdd(d, v), p);
     }
   }
+}
+
+/// StoreFrom with a non-temporal (streaming) store: the same rounding, written around the cache
+/// so a large output costs no read-for-ownership. `p` must be aligned to the stored vector
+/// (Lanes(d) * sizeof(T) bytes); the caller runs hwy::FlushStream() before the data is shared.
+/// D's lanes are T's compute type (float for float/bf16/f16, double for double).
+template <class D, class T> HWY_INLINE void StreamFrom(D d, hn::Vec<D> v, T* HWY_RESTRICT p) {
+  using L = hn::TFromD<D>;
+  if constexpr (std::is_same_v<L, T>) {
+    hn::Stream(v, d, p);
+  } else {
+    static_assert(std::is_same_v<L, float> && sizeof(T) == 2, "StreamFrom: f32 lanes to bf16/f16");
+    const hn::Rebind<uint16_t, D> d16;
+    const hn::RebindToSigned<D> di;
+    uint16_t* HWY_RESTRICT out = reinterpret_cast<uint16_t*>(p);
+    if constexpr (hn::MaxLanes(d16) * sizeof(uint16_t) < 16) {
+      // Highway's Stream of a partial vector (SSE4's 4 x u16) writes 16 bytes: store instead.
+      (void)di;
+      (void)out;
+      StoreFrom(d, v, p);
+    } else if constexpr (std::is_same_v<T, bf16>) {
+      hn::Stream(hn::DemoteTo(d16, hn::BitCast(di, detail::F32ToBf16Bits(d, v))), d16, out);
+    } else {
+#if TAPER_HWY_HAVE_F16C
+      const hn::Rebind<hwy::float16_t, D> dh;
+      hn::Stream(hn::BitCast(d16, hn::DemoteTo(dh, v)), d16, out);
+#else
+      hn::Stream(hn::DemoteTo(d16, hn::BitCast(di, detail::F32ToF16Bits(d, v))), d16, out);
+#endif
+    }
+  }
+}
+
+/// Stores with StreamFrom when kStream, else StoreFrom.
+template <bool kStream, class D, class T>
+HWY_INLINE void StoreMaybeStream(D d, hn::Vec<D> v, T* HWY_RESTRICT p) {
+  if constexpr (kStream) StreamFrom(d, v, p);
+  else StoreFrom(d, v, p);
+}
+
+/// LoadAs for n < Lanes(d) elements: reads only p[0, n); the missing lanes are 0.
+template <class D, class T>
+HWY_INLINE hn::Vec<D> LoadAsN(D d, const T* HWY_RESTRICT p, size_t n);
+/// StoreFrom for n < Lanes(d) elements: writes only p[0, n).
+template <class D, class T>
+HWY_INLINE void StoreFromN(D d, hn::Vec<D> v, T* HWY_RESTRICT p, size_t n);
+
+/// Writes y[lo, hi) vector by vector: y[i, i + n) = f(i, n), n = Lanes(d) except for a partial
+/// head or tail (f then loads with LoadAsN). With kStream the whole vectors are streamed
+/// (StreamFrom), after a partial head that reaches the vector alignment.
+template <bool kStream, class D, class T, class F>
+HWY_INLINE void MapStore(D d, T* HWY_RESTRICT y, size_t lo, size_t hi, const F& f) {
+  const size_t N = hn::Lanes(d);
+  size_t i = lo;
+  if constexpr (kStream) {
+    const size_t mis = (reinterpret_cast<uintptr_t>(y + i) % (N * sizeof(T))) / sizeof(T);
+    if (mis != 0 && i < hi) {
+      const size_t h = std::min(hi - i, N - mis);
+      StoreFromN(d, f(i, h), y + i, h);
+      i += h;
+    }
+    for (; i + N <= hi; i += N) StreamFrom(d, f(i, N), y + i);
+  } else {
+    for (; i + N <= hi; i += N) StoreFrom(d, f(i, N), y + i);
+  }
+  if (i < hi) StoreFromN(d, f(i, hi - i), y + i, hi - i);
+}
+
+/// Asks for the cache lines of [p, p + bytes) (hwy::Prefetch, one per 64-byte line).
+HWY_INLINE void PrefetchBytes(const void* p, size_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (size_t k = 0; k < bytes; k += 64) hwy::Prefetch(c + k);
 }
 
 /// LoadAs for n < Lanes(d) elements: reads only p[0, n); the missing lanes are 0.

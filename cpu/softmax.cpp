@@ -57,6 +57,7 @@ struct Job {
   double* part1 = nullptr;   ///< per item: forward sum of exp(x - chunk max)
   const double* row0 = nullptr;  ///< per row: forward max M (NaN: NaN row); backward sum
   const double* row1 = nullptr;  ///< per row: forward 1/S (softmax) or log S (log-softmax)
+  bool stream = false;       ///< out is written with streaming stores (kStreamStoreBytes)
 };
 
 /// Rows up to this length keep exp(x - max) in a per-thread scratch row (f32/f64), so exp is
@@ -161,14 +162,17 @@ template <class T> HWY_INLINE TC<T> RunMax(const T* HWY_RESTRICT x, size_t n, bo
 }
 
 /// sum exp(x - m) over x[0, n); with kStore, also writes exp(x - m) to e[0, round_up(n, N)).
+/// pf (or null): n elements to prefetch along (the next row's x).
 template <bool kStore, class T>
-HWY_INLINE TC<T> RunSumExp(const T* HWY_RESTRICT x, size_t n, TC<T> m, TC<T>* HWY_RESTRICT e) {
+HWY_INLINE TC<T> RunSumExp(const T* HWY_RESTRICT x, size_t n, TC<T> m, TC<T>* HWY_RESTRICT e,
+                           const T* pf = nullptr) {
   const DC<T> d;
   const size_t N = hn::Lanes(d);
   const auto vm = hn::Set(d, m);
   auto s0 = hn::Zero(d), s1 = hn::Zero(d), s2 = hn::Zero(d), s3 = hn::Zero(d);
   size_t i = 0;
   for (; i + 4 * N <= n; i += 4 * N) {
+    if (pf) PrefetchBytes(pf + i, 4 * N * sizeof(T));
     const auto e0 = hn::Exp(d, hn::Sub(LoadAs(d, x + i), vm));
     const auto e1 = hn::Exp(d, hn::Sub(LoadAs(d, x + i + N), vm));
     const auto e2 = hn::Exp(d, hn::Sub(LoadAs(d, x + i + 2 * N), vm));
@@ -200,10 +204,12 @@ HWY_INLINE TC<T> RunSumExp(const T* HWY_RESTRICT x, size_t n, TC<T> m, TC<T>* HW
 
 /// sum dy * exp(x - L) over [0, n) (the softmax backward's sum(dy * y), y recomputed from the
 /// saved lse L), or with kLog sum dy (the log-softmax backward's); with kStore, also writes
-/// y = exp(x - L) to e[0, round_up(n, N)).
+/// y = exp(x - L) to e[0, round_up(n, N)). pfx, pfdy (or null): n elements each to prefetch
+/// along (the next row's x and dy).
 template <bool kStore, bool kLog = false, class T>
 HWY_INLINE TC<T> RunDotExp(const T* HWY_RESTRICT x, const T* HWY_RESTRICT dy, size_t n, TC<T> L,
-                           TC<T>* HWY_RESTRICT e) {
+                           TC<T>* HWY_RESTRICT e, const T* pfx = nullptr,
+                           const T* pfdy = nullptr) {
   const DC<T> d;
   const size_t N = hn::Lanes(d);
   const auto vl = hn::Set(d, L);
@@ -214,6 +220,10 @@ HWY_INLINE TC<T> RunDotExp(const T* HWY_RESTRICT x, const T* HWY_RESTRICT dy, si
   auto s0 = hn::Zero(d), s1 = hn::Zero(d), s2 = hn::Zero(d), s3 = hn::Zero(d);
   size_t i = 0;
   for (; i + 4 * N <= n; i += 4 * N) {
+    if (pfx) {
+      PrefetchBytes(pfx + i, 4 * N * sizeof(T));
+      PrefetchBytes(pfdy + i, 4 * N * sizeof(T));
+    }
     const auto e0 = hn::Exp(d, hn::Sub(LoadAs(d, x + i), vl));
     const auto e1 = hn::Exp(d, hn::Sub(LoadAs(d, x + i + N), vl));
     const auto e2 = hn::Exp(d, hn::Sub(LoadAs(d, x + i + 2 * N), vl));
@@ -267,19 +277,16 @@ template <class T> HWY_INLINE void FillNaN(T* HWY_RESTRICT y, size_t n) {
   for (size_t i = 0; i < n; ++i) y[i] = v;
 }
 
-/// y = e * c, e the scratch row (padded to whole vectors).
-template <class T>
+/// y = e * c, e the scratch row (padded to whole vectors, so a partial vector loads whole).
+template <bool kStream, class T>
 HWY_INLINE void WriteScaled(const TC<T>* HWY_RESTRICT e, T* HWY_RESTRICT y, size_t n, TC<T> c) {
   const DC<T> d;
-  const size_t N = hn::Lanes(d);
   const auto vc = hn::Set(d, c);
-  size_t i = 0;
-  for (; i + N <= n; i += N) StoreFrom(d, hn::Mul(hn::LoadU(d, e + i), vc), y + i);
-  if (i < n) StoreFromN(d, hn::Mul(hn::LoadU(d, e + i), vc), y + i, n - i);
+  MapStore<kStream>(d, y, 0, n, [&](size_t i, size_t) { return hn::Mul(hn::LoadU(d, e + i), vc); });
 }
 
 /// Softmax: y = exp(x - m) * c (c = 1/S). Log-softmax: y = (x - m) - c (c = log S).
-template <bool kLog, class T>
+template <bool kLog, bool kStream, class T>
 HWY_INLINE void WriteFromX(const T* HWY_RESTRICT x, T* HWY_RESTRICT y, size_t n, TC<T> m,
                            TC<T> c) {
   const DC<T> d;
@@ -289,17 +296,13 @@ HWY_INLINE void WriteFromX(const T* HWY_RESTRICT x, T* HWY_RESTRICT y, size_t n,
     if constexpr (kLog) return hn::Sub(hn::Sub(v, vm), vc);
     else return hn::Mul(hn::Exp(d, hn::Sub(v, vm)), vc);
   };
-  size_t i = 0;
-  for (; i + 2 * N <= n; i += 2 * N) {
-    StoreFrom(d, f(LoadAs(d, x + i)), y + i);
-    StoreFrom(d, f(LoadAs(d, x + i + N)), y + i + N);
-  }
-  for (; i + N <= n; i += N) StoreFrom(d, f(LoadAs(d, x + i)), y + i);
-  if (i < n) StoreFromN(d, f(LoadAsN(d, x + i, n - i)), y + i, n - i);
+  MapStore<kStream>(d, y, 0, n, [&](size_t i, size_t k) {
+    return f(k == N ? LoadAs(d, x + i) : LoadAsN(d, x + i, k));
+  });
 }
 
 /// Backward from the scratch row e = y: softmax dx = e * (dy - s), log-softmax dx = dy - e * s.
-template <bool kLog, class T>
+template <bool kLog, bool kStream, class T>
 HWY_INLINE void WriteBwdScratch(const TC<T>* HWY_RESTRICT e, const T* HWY_RESTRICT dy,
                                 T* HWY_RESTRICT dx, size_t n, TC<T> s) {
   const DC<T> d;
@@ -309,14 +312,14 @@ HWY_INLINE void WriteBwdScratch(const TC<T>* HWY_RESTRICT e, const T* HWY_RESTRI
     if constexpr (kLog) return hn::NegMulAdd(ve, vs, vdy);
     else return hn::Mul(ve, hn::Sub(vdy, vs));
   };
-  size_t i = 0;
-  for (; i + N <= n; i += N) StoreFrom(d, f(hn::LoadU(d, e + i), LoadAs(d, dy + i)), dx + i);
-  if (i < n) StoreFromN(d, f(hn::LoadU(d, e + i), LoadAsN(d, dy + i, n - i)), dx + i, n - i);
+  MapStore<kStream>(d, dx, 0, n, [&](size_t i, size_t k) {
+    return f(hn::LoadU(d, e + i), k == N ? LoadAs(d, dy + i) : LoadAsN(d, dy + i, k));
+  });
 }
 
 /// Backward with y recomputed as exp(x - L): softmax dx = y * (dy - s), log-softmax
 /// dx = dy - y * s (s: sum(dy * y), resp. sum(dy)). Tail lanes past n may hold inf; never stored.
-template <bool kLog, class T>
+template <bool kLog, bool kStream, class T>
 HWY_INLINE void WriteBwdFromX(const T* HWY_RESTRICT x, const T* HWY_RESTRICT dy,
                               T* HWY_RESTRICT dx, size_t n, TC<T> L, TC<T> s) {
   const DC<T> d;
@@ -327,13 +330,10 @@ HWY_INLINE void WriteBwdFromX(const T* HWY_RESTRICT x, const T* HWY_RESTRICT dy,
     if constexpr (kLog) return hn::NegMulAdd(y, vs, vdy);
     else return hn::Mul(y, hn::Sub(vdy, vs));
   };
-  size_t i = 0;
-  for (; i + 2 * N <= n; i += 2 * N) {
-    StoreFrom(d, f(LoadAs(d, x + i), LoadAs(d, dy + i)), dx + i);
-    StoreFrom(d, f(LoadAs(d, x + i + N), LoadAs(d, dy + i + N)), dx + i + N);
-  }
-  for (; i + N <= n; i += N) StoreFrom(d, f(LoadAs(d, x + i), LoadAs(d, dy + i)), dx + i);
-  if (i < n) StoreFromN(d, f(LoadAsN(d, x + i, n - i), LoadAsN(d, dy + i, n - i)), dx + i, n - i);
+  MapStore<kStream>(d, dx, 0, n, [&](size_t i, size_t k) {
+    return k == N ? f(LoadAs(d, x + i), LoadAs(d, dy + i))
+                  : f(LoadAsN(d, x + i, k), LoadAsN(d, dy + i, k));
+  });
 }
 
 // ---- per-row and per-chunk drivers -----------------------------------------------------------
@@ -352,8 +352,10 @@ template <class T> HWY_INLINE void ChunkStats(const T* x, size_t n, TC<T>* m, TC
                          : (*m > 0 ? std::numeric_limits<TC<T>>::infinity() : TC<T>(0));
 }
 
-/// One whole row of the forward; writes the row's lse.
-template <class T> void FwdRow(const T* x, T* y, size_t D, bool log, TC<T>* lse) {
+/// One whole row of the forward; writes the row's lse. pf (or null): the next row's x, fetched
+/// while this row's exp is computed.
+template <bool kStream, class T>
+void FwdRow(const T* x, T* y, size_t D, bool log, TC<T>* lse, const T* pf) {
   using C = TC<T>;
   if (D <= sd::kScratchElems) {
     bool nan = false;
@@ -363,15 +365,15 @@ template <class T> void FwdRow(const T* x, T* y, size_t D, bool log, TC<T>* lse)
       return FillNaN(y, D);
     }
     if (log) {
-      const C s = RunSumExp<false>(x, D, m, static_cast<C*>(nullptr));
+      const C s = RunSumExp<false>(x, D, m, static_cast<C*>(nullptr), pf);
       const C ls = std::log(s);
       *lse = m + ls;
-      return WriteFromX<true>(x, y, D, m, ls);
+      return WriteFromX<true, kStream>(x, y, D, m, ls);
     }
     C* e = Scratch<C>(D + hn::Lanes(DC<T>()));
-    const C s = RunSumExp<true>(x, D, m, e);
+    const C s = RunSumExp<true>(x, D, m, e, pf);
     *lse = sd::lse_of(false, m, s);
-    return WriteScaled(e, y, D, C(1) / s);  // s >= 1: the max term is exp(0)
+    return WriteScaled<kStream>(e, y, D, C(1) / s);  // s >= 1: the max term is exp(0)
   }
   sd::MaxSum<C> acc;
   for (size_t c0 = 0; c0 < D; c0 += sd::kStatChunk) {
@@ -381,18 +383,22 @@ template <class T> void FwdRow(const T* x, T* y, size_t D, bool log, TC<T>* lse)
   }
   *lse = sd::lse_of(acc.nan, acc.m, acc.s);
   if (acc.nan_row()) return FillNaN(y, D);
-  if (log) return WriteFromX<true>(x, y, D, acc.m, std::log(acc.s));
-  WriteFromX<false>(x, y, D, acc.m, C(1) / acc.s);
+  if (log) return WriteFromX<true, kStream>(x, y, D, acc.m, std::log(acc.s));
+  WriteFromX<false, kStream>(x, y, D, acc.m, C(1) / acc.s);
 }
 
-template <class T> void FwdRange(const sd::Job& j, sd::Phase phase, size_t begin, size_t end) {
+template <bool kStream, class T>
+void FwdRangeT(const sd::Job& j, sd::Phase phase, size_t begin, size_t end) {
   using C = TC<T>;
   const T* x = static_cast<const T*>(j.x);
   T* y = static_cast<T*>(j.out);
   C* lse = static_cast<C*>(j.lse);
+  const bool prefetch = j.D * sizeof(T) <= kPrefetchRowBytes;
   for (size_t it = begin; it < end; ++it) {
     if (phase == sd::Phase::kRows) {
-      FwdRow(x + it * j.D, y + it * j.D, j.D, j.log, lse + it);
+      const T* xr = x + it * j.D;
+      FwdRow<kStream>(xr, y + it * j.D, j.D, j.log, lse + it,
+                      prefetch && it + 1 < end ? xr + j.D : nullptr);
       continue;
     }
     const size_t r = it / j.nchunks, c0 = (it % j.nchunks) * j.chunk;
@@ -406,18 +412,26 @@ template <class T> void FwdRange(const sd::Job& j, sd::Phase phase, size_t begin
     } else if (std::isnan(j.row0[r])) {
       FillNaN(y + r * j.D + c0, n);
     } else if (j.log) {
-      WriteFromX<true>(xc, y + r * j.D + c0, n, static_cast<C>(j.row0[r]),
-                       static_cast<C>(j.row1[r]));
+      WriteFromX<true, kStream>(xc, y + r * j.D + c0, n, static_cast<C>(j.row0[r]),
+                                static_cast<C>(j.row1[r]));
     } else {
-      WriteFromX<false>(xc, y + r * j.D + c0, n, static_cast<C>(j.row0[r]),
-                        static_cast<C>(j.row1[r]));
+      WriteFromX<false, kStream>(xc, y + r * j.D + c0, n, static_cast<C>(j.row0[r]),
+                                 static_cast<C>(j.row1[r]));
     }
   }
+  if (kStream) hwy::FlushStream();  // before the pool's hand-back publishes the rows
 }
 
-/// One whole row of the backward, L the row's lse (finite).
-template <class T>
-void BwdRow(const T* x, const T* dy, T* dx, size_t D, bool log, TC<T> L) {
+template <class T> void FwdRange(const sd::Job& j, sd::Phase phase, size_t begin, size_t end) {
+  if (j.stream) FwdRangeT<true, T>(j, phase, begin, end);
+  else FwdRangeT<false, T>(j, phase, begin, end);
+}
+
+/// One whole row of the backward, L the row's lse (finite). pfx, pfdy (or null): the next row's
+/// x and dy, fetched while this row's exp is computed.
+template <bool kStream, class T>
+void BwdRow(const T* x, const T* dy, T* dx, size_t D, bool log, TC<T> L, const T* pfx,
+            const T* pfdy) {
   using C = TC<T>;
   // Log-softmax needs y only once, after the sum of dy: for f32/f64 one pass over x and dy is the
   // fastest; for bf16/f16, computing y in the 4x-unrolled sum loop into the scratch row is
@@ -426,19 +440,26 @@ void BwdRow(const T* x, const T* dy, T* dx, size_t D, bool log, TC<T> L) {
   const bool scratch = D <= sd::kScratchElems && (!log || sizeof(T) == 2);
   if (scratch) {  // y = exp(x - L) once, with the sum, kept for the write
     C* e = Scratch<C>(D + hn::Lanes(DC<T>()));
-    if (log) return WriteBwdScratch<true>(e, dy, dx, D, RunDotExp<true, true>(x, dy, D, L, e));
-    return WriteBwdScratch<false>(e, dy, dx, D, RunDotExp<true>(x, dy, D, L, e));
+    if (log) {
+      const C s = RunDotExp<true, true>(x, dy, D, L, e, pfx, pfdy);
+      return WriteBwdScratch<true, kStream>(e, dy, dx, D, s);
+    }
+    const C s = RunDotExp<true>(x, dy, D, L, e, pfx, pfdy);
+    return WriteBwdScratch<false, kStream>(e, dy, dx, D, s);
   }
-  if (log) return WriteBwdFromX<true>(x, dy, dx, D, L, RunSum(dy, D));
-  WriteBwdFromX<false>(x, dy, dx, D, L, RunDotExp<false>(x, dy, D, L, static_cast<C*>(nullptr)));
+  if (log) return WriteBwdFromX<true, kStream>(x, dy, dx, D, L, RunSum(dy, D));
+  const C s = RunDotExp<false>(x, dy, D, L, static_cast<C*>(nullptr), pfx, pfdy);
+  WriteBwdFromX<false, kStream>(x, dy, dx, D, L, s);
 }
 
-template <class T> void BwdRange(const sd::Job& j, sd::Phase phase, size_t begin, size_t end) {
+template <bool kStream, class T>
+void BwdRangeT(const sd::Job& j, sd::Phase phase, size_t begin, size_t end) {
   using C = TC<T>;
   const T* x = static_cast<const T*>(j.x);
   const T* dy = static_cast<const T*>(j.dy);
   T* dx = static_cast<T*>(j.out);
   const C* lse = static_cast<const C*>(j.lse);
+  const bool prefetch = j.D * sizeof(T) <= kPrefetchRowBytes;
   for (size_t it = begin; it < end; ++it) {
     size_t off = it * j.D, n = j.D, r = it;
     if (phase != sd::Phase::kRows) {
@@ -459,13 +480,21 @@ template <class T> void BwdRange(const sd::Job& j, sd::Phase phase, size_t begin
       continue;
     }
     if (phase == sd::Phase::kRows) {
-      BwdRow(x + off, dy + off, dx + off, n, j.log, L);
+      const bool pf = prefetch && it + 1 < end;
+      BwdRow<kStream>(x + off, dy + off, dx + off, n, j.log, L, pf ? x + off + n : nullptr,
+                      pf ? dy + off + n : nullptr);
     } else if (j.log) {
-      WriteBwdFromX<true>(x + off, dy + off, dx + off, n, L, static_cast<C>(j.row0[r]));
+      WriteBwdFromX<true, kStream>(x + off, dy + off, dx + off, n, L, static_cast<C>(j.row0[r]));
     } else {
-      WriteBwdFromX<false>(x + off, dy + off, dx + off, n, L, static_cast<C>(j.row0[r]));
+      WriteBwdFromX<false, kStream>(x + off, dy + off, dx + off, n, L, static_cast<C>(j.row0[r]));
     }
   }
+  if (kStream) hwy::FlushStream();
+}
+
+template <class T> void BwdRange(const sd::Job& j, sd::Phase phase, size_t begin, size_t end) {
+  if (j.stream) BwdRangeT<true, T>(j, phase, begin, end);
+  else BwdRangeT<false, T>(j, phase, begin, end);
 }
 
 void SoftmaxFwd(const sd::Job& j, sd::Phase phase, size_t begin, size_t end) {
@@ -589,6 +618,7 @@ std::vector<Tensor> fwd_kernel(const std::vector<Tensor>& in, bool log) {
   j.x = x.data_ptr();
   j.out = y.data_ptr();
   j.lse = lse.data_ptr();
+  j.stream = y.elem_count() * dtype_size(y.dtype()) >= kStreamStoreBytes;
   j.D = last_dim(x);
   const size_t R = lse.elem_count();
   if (j.D == 0) {  // rows of nothing: log(0)
@@ -617,6 +647,7 @@ std::vector<Tensor> bwd_kernel(const std::vector<Tensor>& in, bool log) {
   j.dy = dy.data_ptr();
   j.out = dx.data_ptr();
   j.lse = lse.data_ptr();
+  j.stream = dx.elem_count() * dtype_size(dx.dtype()) >= kStreamStoreBytes;
   j.D = last_dim(x);
   run(j, lse.elem_count(), true);
   return {dx};

@@ -327,6 +327,14 @@ INSTANTIATE_TEST_SUITE_P(
 
 class FusedLongRows : public ::testing::TestWithParam<DType> {};
 
+/// A shape whose output just passes cpu::kStreamStoreBytes, so the kernels write it with
+/// streaming stores; rows (groups) of odd length, so most rows start off the vector alignment.
+Shape streamed_shape(FOp op, DType dt) {
+  const size_t need = cpu::kStreamStoreBytes / dtype_size(dt) + 1;  // elements
+  if (op == FOp::GroupNorm) return Shape({2, 6, (need / 12 + 1) | 1});  // rows of 6 x odd S
+  return Shape({need / 1001 + 1, 1001});
+}
+
 TEST_P(FusedLongRows, AnyThreadCount) {
   const DType dt = GetParam();
   const size_t saved = cpu::num_threads();
@@ -339,7 +347,9 @@ TEST_P(FusedLongRows, AnyThreadCount) {
           op == FOp::GroupNorm
               ? std::vector<Shape>{Shape({1, 4, 65537}), Shape({2, 2, 100003}), Shape({9, 2, 20000})}
               : std::vector<Shape>{Shape({1, 262147}), Shape({2, 100003}), Shape({9, 40000})};
-      for (const Shape& s : shapes) {
+      std::vector<Shape> all = shapes;
+      if (threads > 1) all.push_back(streamed_shape(op, dt));
+      for (const Shape& s : all) {
         const size_t groups = op == FOp::GroupNorm ? (s[1] == 4 ? 2 : 1) : 1;
         const Problem p = make_problem(op, dt, s, 7 + threads, true, groups);
         SCOPED_TRACE(std::string(fop_name(op)) + " " + s.to_string() + " threads " +
@@ -547,6 +557,7 @@ TEST_P(SoftmaxBwdKernel, MatchesReference) {
       for (size_t R : {1, 3, 67}) shapes.push_back(Shape({R, D}));
     shapes.push_back(Shape({1, 262147}));
     shapes.push_back(Shape({9, 40000}));
+    if (threads > 1) shapes.push_back(streamed_shape(FOp::Softmax, dt));  // streamed dx
     for (const Shape& s : shapes) {
       SCOPED_TRACE(s.to_string() + " threads " + std::to_string(threads));
       const size_t R = s[0], D = s[1];
