@@ -227,9 +227,12 @@ HWY_INLINE void FlushToF64(D d, hn::Vec<D> v, double* HWY_RESTRICT acc) {
   for (size_t l = 0; l < hn::Lanes(d); ++l) acc[l] += static_cast<double>(tmp[l]);
 }
 
-/// Column sums of x: (red, inner) for columns [c0, c1) -> out[c0, c1). Tiles of 4 vectors, then
-/// single vectors, then a scalar tail (no partial loads per row). Each tile sums kColBlock rows
-/// in the compute type, then adds that into f64.
+/// Column sums of x: (red, inner) for columns [c0, c1) -> out[c0, c1), c1 - c0 <= kColChunk.
+/// Tiles of 4 vectors, then single vectors, then a scalar tail (no partial loads per row). Each
+/// tile sums kColBlock rows in the compute type, then adds that into f64. Row blocks are the outer
+/// loop: a block's tiles read neighbouring lines of the same rows, so after the first tile the
+/// block (kColBlock x kColChunk elements) is served from cache instead of striding through
+/// memory one tile at a time.
 template <class T>
 HWY_INLINE void SumColsT(const T* HWY_RESTRICT x, size_t red, size_t inner, size_t c0, size_t c1,
                          T* HWY_RESTRICT out) {
@@ -237,14 +240,16 @@ HWY_INLINE void SumColsT(const T* HWY_RESTRICT x, size_t red, size_t inner, size
   const hn::ScalableTag<C> d;
   const size_t N = hn::Lanes(d);
   constexpr size_t kMaxN = HWY_MAX_BYTES / sizeof(C);
-  double acc[4 * kMaxN];
-  size_t c = c0;
-  while (c < c1) {
-    const size_t left = c1 - c;
-    const size_t w = left >= 4 * N ? 4 * N : (left >= N ? N : left);
-    std::fill(acc, acc + w, 0.0);
-    for (size_t r0 = 0; r0 < red; r0 += kColBlock) {
-      const size_t r1 = std::min(red, r0 + kColBlock);
+  double acc_all[kColChunk + 4 * kMaxN];
+  HWY_ASSERT(c1 - c0 <= kColChunk);
+  std::fill(acc_all, acc_all + (c1 - c0), 0.0);
+  for (size_t r0 = 0; r0 < red; r0 += kColBlock) {
+    const size_t r1 = std::min(red, r0 + kColBlock);
+    size_t c = c0;
+    while (c < c1) {
+      const size_t left = c1 - c;
+      const size_t w = left >= 4 * N ? 4 * N : (left >= N ? N : left);
+      double* acc = acc_all + (c - c0);
       if (w == 4 * N) {
         auto a0 = hn::Zero(d);
         auto a1 = a0, a2 = a0, a3 = a0;
@@ -269,10 +274,10 @@ HWY_INLINE void SumColsT(const T* HWY_RESTRICT x, size_t red, size_t inner, size
           for (size_t l = 0; l < w; ++l) s[l] += widen(x[r * inner + c + l]);
         for (size_t l = 0; l < w; ++l) acc[l] += static_cast<double>(s[l]);
       }
+      c += w;
     }
-    for (size_t l = 0; l < w; ++l) out[c + l] = round_to<T>(acc[l]);
-    c += w;
   }
+  for (size_t l = 0; l < c1 - c0; ++l) out[c0 + l] = round_to<T>(acc_all[l]);
 }
 
 /// Column max/min of x: (red, inner), red >= 1, for columns [c0, c1) -> out[c0, c1); NaN lanes

@@ -147,7 +147,7 @@ END {
     printf "STREAM-like copy (%d MiB arrays, same program, same threads): **%.1f GB/s**. ", best_mib, stream
   print "GB/s counts the minimal bytes (each input read once, each output written once; formulas in benches/bench_fused.cpp). " \
         "fwd_bwd is the op forward, then `y.backward(up)` with a fixed random upstream gradient: " \
-        "the op's forward and backward and nothing else, in every column."
+        "the forward and backward of the op and nothing else, in every column."
   print ""
   hdrline = "| op | pass | dtype | shape | fused ms | composed ms | composed/fused | fused GB/s | % of stream | target |"
   sepline = "|---|---|---|---|---:|---:|---:|---:|---:|---|"

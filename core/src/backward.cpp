@@ -186,12 +186,15 @@ BWD(log_softmax_last_dim) {
 
 DType stat_dtype(DType dt) { return dt == DType::F64 ? DType::F64 : DType::F32; }
 
-// Shared tail of the norm backwards over rows of the last dim of `xs` (stat dtype):
-// xhat = (x - mean) * rstd;  gw = gy * w;  dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat))
-// (rms norm: no mean terms).
-Tensor norm_dx(const Tensor& gw, const Tensor& xhat, const Tensor& rstd, bool centered) {
-  Tensor inner = gw - xhat * (gw * xhat).mean({-1}, true);
-  if (centered) inner = inner - gw.mean({-1}, true);
+// The norm backwards, in the stat dtype, over "rows" (a row of the last dim; group norm: a group):
+//   xhat = (x - mean) * rstd,  gw = gy * w,
+//   dx = rstd * (gw - m1 - xhat * m2),  m1 = mean_row(gw) (not for rms), m2 = mean_row(gw * xhat),
+//   dw = sum over rows of gy * xhat,  db = sum over rows of gy.
+// The row means arrive shaped to broadcast against gw (keepdim); m1 undefined for rms norm.
+Tensor norm_dx(const Tensor& gw, const Tensor& xhat, const Tensor& rstd, const Tensor& m1,
+               const Tensor& m2) {
+  Tensor inner = gw - xhat * m2;
+  if (m1.defined()) inner = inner - m1;
   return inner * rstd;
 }
 
@@ -203,7 +206,8 @@ BWD(rms_norm) {
   const Tensor rstd = out[1].unsqueeze(-1);
   const Tensor xhat = x.to_dtype(sd) * rstd;
   const Tensor gw = has(w) ? gy * w.to_dtype(sd) : gy;
-  Tensors r = {norm_dx(gw, xhat, rstd, false).to_dtype(x.dtype()), Tensor()};
+  const Tensor m2 = (gw * xhat).mean({-1}, true);
+  Tensors r = {norm_dx(gw, xhat, rstd, Tensor(), m2).to_dtype(x.dtype()), Tensor()};
   if (has(w)) {
     const Tensor gx = (gy * xhat).reshape(Shape({x.elem_count() / x.dim(-1), x.dim(-1)}));
     r[1] = gx.sum({0}).to_dtype(w.dtype());
@@ -220,7 +224,8 @@ BWD(layer_norm) {
   const Tensor rstd = out[2].unsqueeze(-1);
   const Tensor xhat = (x.to_dtype(sd) - out[1].unsqueeze(-1)) * rstd;
   const Tensor gw = has(w) ? gy * w.to_dtype(sd) : gy;
-  Tensors r = {norm_dx(gw, xhat, rstd, true).to_dtype(x.dtype()), Tensor(), Tensor()};
+  const Tensor m1 = gw.mean({-1}, true), m2 = (gw * xhat).mean({-1}, true);
+  Tensors r = {norm_dx(gw, xhat, rstd, m1, m2).to_dtype(x.dtype()), Tensor(), Tensor()};
   const Shape rows({x.elem_count() / x.dim(-1), x.dim(-1)});
   if (has(w)) r[1] = (gy * xhat).reshape(rows).sum({0}).to_dtype(w.dtype());
   if (has(b)) r[2] = gy.reshape(rows).sum({0}).to_dtype(b.dtype());
@@ -228,24 +233,34 @@ BWD(layer_norm) {
 }
 
 BWD(group_norm) {
-  // x: (N, C, *) viewed as (N, G, M) with M = C/G * spatial; mean, rstd: (N, G).
+  // x: (N, C, *) viewed as (N, C, S) per channel and (N, G, M) per group, M = C/G * S;
+  // mean, rstd: (N, G). Per-channel sums over S are row reductions (no permuted copy); the
+  // group means of gw and gw * xhat come from them: sum_c w_c * (sum_s gy, resp. gy * xhat).
   const Tensor& x = in[0];
   const Tensor& w = in[1];
   const Tensor& b = in[2];
   const DType sd = stat_dtype(x.dtype());
   const size_t n = x.dim(0), c = x.dim(1), groups = static_cast<size_t>(a.i0);
-  const size_t spatial = x.elem_count() / (n * c);
-  const Shape grouped({n, groups, x.elem_count() / (n * groups)});
+  const size_t spatial = x.elem_count() / (n * c), m = x.elem_count() / (n * groups);
+  const Shape grouped({n, groups, m});
   const Shape chan({n, c, spatial});
   const Tensor gy = g[0].to_dtype(sd).reshape(chan);
   const Tensor rstd = out[2].unsqueeze(-1);
   const Tensor xhat =
       ((x.to_dtype(sd).reshape(grouped) - out[1].unsqueeze(-1)) * rstd).reshape(chan);
-  const Tensor gw = has(w) ? gy * w.to_dtype(sd).reshape(Shape({1, c, 1})) : gy;
-  const Tensor dx = norm_dx(gw.reshape(grouped), xhat.reshape(grouped), rstd, true);
+  const Tensor ws = has(w) ? w.to_dtype(sd) : Tensor();
+  const Tensor gw = has(w) ? gy * ws.reshape(Shape({1, c, 1})) : gy;
+  const Tensor gy_c = gy.sum({2});           // (N, C)
+  const Tensor u_c = (gy * xhat).sum({2});   // (N, C)
+  auto group_mean = [&](const Tensor& per_chan) {  // (N, C) -> (N, G, 1), weighted by w
+    const Tensor t = has(w) ? per_chan * ws : per_chan;
+    return t.reshape(Shape({n, groups, c / groups})).sum({2}, true) * (1.0 / static_cast<double>(m));
+  };
+  const Tensor dx = norm_dx(gw.reshape(grouped), xhat.reshape(grouped), rstd, group_mean(gy_c),
+                            group_mean(u_c));
   Tensors r = {dx.reshape(x.shape()).to_dtype(x.dtype()), Tensor(), Tensor()};
-  if (has(w)) r[1] = (gy * xhat).sum({0, 2}).to_dtype(w.dtype());
-  if (has(b)) r[2] = gy.sum({0, 2}).to_dtype(b.dtype());
+  if (has(w)) r[1] = u_c.sum({0}).to_dtype(w.dtype());
+  if (has(b)) r[2] = gy_c.sum({0}).to_dtype(b.dtype());
   return r;
 }
 
