@@ -7,18 +7,21 @@
 // What it is not: autograd (core/ holds the bwd hooks that call the *_bwd ops) or the composed
 // forms (metal_fallback/composed.cpp). The scalar reference is cpu/fused_ref.h.
 //
-// Shapes: x, y, dy, dx: (R, D), R rows of D elements; lse: (R), the saved log-sum-exp.
-// The forward returns {y, lse}, lse = max + log(sum exp(x - max)) in the compute type (f32 for
-// bf16/f16/f32, f64 for f64). The backward ops take (x, lse, dy) and recompute y = exp(x - lse)
-// in the compute type rather than reading the stored y: a bf16/f16 y carries its own rounding
-// (u|y|), which the backward's cancellation (dy - sum, or dy - exp(y) sum) would magnify to many
-// ulps of dx; the recomputed y is exact to f32 (f64) noise, so dx is rounded once, at the store.
+// Shapes: x, y, dy, dx: (R, D), R rows of D elements; stats: (R, 2), the saved row statistics
+// (m, l) = (max, log sum exp(x - max)) in the compute type (f32 for bf16/f16/f32, f64 for f64);
+// m + l is the row's log-sum-exp. The forward returns {y, stats}. The backward ops take
+// (x, stats, dy) and recompute y = exp((x - m) - l) in the compute type rather than reading the
+// stored y: a bf16/f16 y carries its own rounding (u|y|), which the backward's cancellation
+// (dy - sum, or dy - exp(y) sum) would magnify to many ulps of dx; the recomputed y is exact to
+// f32 (f64) noise, so dx is rounded once, at the store. The pair, not m + l, is saved: x - m is
+// exact for x near the max and l is small (log D at most), whereas x - lse with lse rounded to f32
+// would carry an error of u|lse| (logits near 1000: 2.4e-5 relative in f32 dx, 4e-4 near 1e4).
 // Precision: bf16/f16 load to f32, every step is f32 (Highway's Exp, max 1 ulp), the result is
 // rounded once at the store; f64 is f64 throughout (Exp in f64, f64 accumulators).
 // Special values, as PyTorch: a row with a NaN, an all -inf row, or a row holding +inf gives NaN
 // everywhere (explicitly: Highway's Exp maps NaN to 0, so NaN is never left to flow through it).
-// Such a row's lse is its log-sum-exp in the extended sense (NaN, -inf, +inf respectively), so
-// "lse is not finite" is exactly "the forward row is NaN", and the backward writes NaN there.
+// Such a row's saved max is NaN, -inf, +inf respectively, so "m is not finite" is exactly "the
+// forward row is NaN", and the backward writes NaN there.
 
 #ifndef TAPER_CPU_SOFTMAX_SHARED_
 #define TAPER_CPU_SOFTMAX_SHARED_
@@ -49,7 +52,7 @@ struct Job {
   const void* x = nullptr;   ///< the forward input (forward and backward)
   const void* dy = nullptr;  ///< backward: the upstream gradient
   void* out = nullptr;       ///< forward: y; backward: dx
-  void* lse = nullptr;       ///< (R), compute type: written by the forward, read by the backward
+  void* stats = nullptr;     ///< (R, 2): (m, l) per row, compute type: forward writes, bwd reads
   size_t D = 0;              ///< row length
   size_t chunk = 0;          ///< chunk length (kStats/kWrite); item = row * nchunks + chunk index
   size_t nchunks = 1;
@@ -91,14 +94,12 @@ template <class TC> struct MaxSum {
   bool nan_row() const { return nan || !std::isfinite(m); }
 };
 
-/// The saved log-sum-exp of a row with max m and s = sum exp(x - m): m + log s (s >= 1, the max
-/// term being exp(0)), one rounding in TC. A NaN row's lse is NaN; with no finite max it is m
-/// itself (-inf for an all -inf row, +inf for a row holding +inf): never finite, as the backward
-/// expects for a NaN forward row.
-template <class TC> TC lse_of(bool nan, TC m, TC s) {
-  if (nan) return std::numeric_limits<TC>::quiet_NaN();
-  if (!std::isfinite(m)) return m;
-  return m + std::log(s);
+/// Saves a row's statistics (m, log s), s = sum exp(x - m) >= 1 (the max term is exp(0)). A NaN
+/// row saves m = NaN; with no finite max m itself (-inf for an all -inf row, +inf for a row
+/// holding +inf) and l = 0: m is never finite, as the backward expects for a NaN forward row.
+template <class TC> void save_stats(bool nan, TC m, TC s, TC* st) {
+  st[0] = nan ? std::numeric_limits<TC>::quiet_NaN() : m;
+  st[1] = nan || !std::isfinite(m) ? TC(0) : std::log(s);
 }
 
 }  // namespace taper::cpu::softmax_detail
@@ -202,17 +203,18 @@ HWY_INLINE TC<T> RunSumExp(const T* HWY_RESTRICT x, size_t n, TC<T> m, TC<T>* HW
   return hn::GetLane(hn::SumOfLanes(d, hn::Add(hn::Add(s0, s1), hn::Add(s2, s3))));
 }
 
-/// sum dy * exp(x - L) over [0, n) (the softmax backward's sum(dy * y), y recomputed from the
-/// saved lse L), or with kLog sum dy (the log-softmax backward's); with kStore, also writes
-/// y = exp(x - L) to e[0, round_up(n, N)). pfx, pfdy (or null): n elements each to prefetch
-/// along (the next row's x and dy).
+/// sum dy * y over [0, n), y = exp((x - m) - l) recomputed from the saved stats (the softmax
+/// backward's sum(dy * y)), or with kLog sum dy (the log-softmax backward's); with kStore, also
+/// writes y to e[0, round_up(n, N)). pfx, pfdy (or null): n elements each to prefetch along
+/// (the next row's x and dy).
 template <bool kStore, bool kLog = false, class T>
-HWY_INLINE TC<T> RunDotExp(const T* HWY_RESTRICT x, const T* HWY_RESTRICT dy, size_t n, TC<T> L,
-                           TC<T>* HWY_RESTRICT e, const T* pfx = nullptr,
+HWY_INLINE TC<T> RunDotExp(const T* HWY_RESTRICT x, const T* HWY_RESTRICT dy, size_t n, TC<T> m,
+                           TC<T> l, TC<T>* HWY_RESTRICT e, const T* pfx = nullptr,
                            const T* pfdy = nullptr) {
   const DC<T> d;
   const size_t N = hn::Lanes(d);
-  const auto vl = hn::Set(d, L);
+  const auto vm = hn::Set(d, m), vl = hn::Set(d, l);
+  auto ex = [&](auto vx) { return hn::Exp(d, hn::Sub(hn::Sub(vx, vm), vl)); };
   auto term = [](auto ve, auto vdy, auto acc) {
     if constexpr (kLog) return hn::Add(acc, vdy);
     else return hn::MulAdd(ve, vdy, acc);
@@ -224,10 +226,10 @@ HWY_INLINE TC<T> RunDotExp(const T* HWY_RESTRICT x, const T* HWY_RESTRICT dy, si
       PrefetchBytes(pfx + i, 4 * N * sizeof(T));
       PrefetchBytes(pfdy + i, 4 * N * sizeof(T));
     }
-    const auto e0 = hn::Exp(d, hn::Sub(LoadAs(d, x + i), vl));
-    const auto e1 = hn::Exp(d, hn::Sub(LoadAs(d, x + i + N), vl));
-    const auto e2 = hn::Exp(d, hn::Sub(LoadAs(d, x + i + 2 * N), vl));
-    const auto e3 = hn::Exp(d, hn::Sub(LoadAs(d, x + i + 3 * N), vl));
+    const auto e0 = ex(LoadAs(d, x + i));
+    const auto e1 = ex(LoadAs(d, x + i + N));
+    const auto e2 = ex(LoadAs(d, x + i + 2 * N));
+    const auto e3 = ex(LoadAs(d, x + i + 3 * N));
     if constexpr (kStore) {
       hn::StoreU(e0, d, e + i);
       hn::StoreU(e1, d, e + i + N);
@@ -240,13 +242,12 @@ HWY_INLINE TC<T> RunDotExp(const T* HWY_RESTRICT x, const T* HWY_RESTRICT dy, si
     s3 = term(e3, LoadAs(d, dy + i + 3 * N), s3);
   }
   for (; i + N <= n; i += N) {
-    const auto e0 = hn::Exp(d, hn::Sub(LoadAs(d, x + i), vl));
+    const auto e0 = ex(LoadAs(d, x + i));
     if constexpr (kStore) hn::StoreU(e0, d, e + i);
     s0 = term(e0, LoadAs(d, dy + i), s0);
   }
-  if (i < n) {  // lanes past the end hold exp(0 - L), possibly inf: zeroed, so 0 * 0 adds 0
-    const auto e0 =
-        hn::IfThenElseZero(hn::FirstN(d, n - i), hn::Exp(d, hn::Sub(LoadAsN(d, x + i, n - i), vl)));
+  if (i < n) {  // lanes past the end hold exp(-m - l), possibly inf: zeroed, so 0 * 0 adds 0
+    const auto e0 = hn::IfThenElseZero(hn::FirstN(d, n - i), ex(LoadAsN(d, x + i, n - i)));
     if constexpr (kStore) hn::StoreU(e0, d, e + i);  // the scratch row is padded to whole vectors
     s0 = term(e0, LoadAsN(d, dy + i, n - i), s0);
   }
@@ -317,16 +318,16 @@ HWY_INLINE void WriteBwdScratch(const TC<T>* HWY_RESTRICT e, const T* HWY_RESTRI
   });
 }
 
-/// Backward with y recomputed as exp(x - L): softmax dx = y * (dy - s), log-softmax
+/// Backward with y recomputed as exp((x - m) - l): softmax dx = y * (dy - s), log-softmax
 /// dx = dy - y * s (s: sum(dy * y), resp. sum(dy)). Tail lanes past n may hold inf; never stored.
 template <bool kLog, bool kStream, class T>
 HWY_INLINE void WriteBwdFromX(const T* HWY_RESTRICT x, const T* HWY_RESTRICT dy,
-                              T* HWY_RESTRICT dx, size_t n, TC<T> L, TC<T> s) {
+                              T* HWY_RESTRICT dx, size_t n, TC<T> m, TC<T> l, TC<T> s) {
   const DC<T> d;
   const size_t N = hn::Lanes(d);
-  const auto vl = hn::Set(d, L), vs = hn::Set(d, s);
+  const auto vm = hn::Set(d, m), vl = hn::Set(d, l), vs = hn::Set(d, s);
   auto f = [&](auto vx, auto vdy) {
-    const auto y = hn::Exp(d, hn::Sub(vx, vl));
+    const auto y = hn::Exp(d, hn::Sub(hn::Sub(vx, vm), vl));
     if constexpr (kLog) return hn::NegMulAdd(y, vs, vdy);
     else return hn::Mul(y, hn::Sub(vdy, vs));
   };
@@ -352,27 +353,26 @@ template <class T> HWY_INLINE void ChunkStats(const T* x, size_t n, TC<T>* m, TC
                          : (*m > 0 ? std::numeric_limits<TC<T>>::infinity() : TC<T>(0));
 }
 
-/// One whole row of the forward; writes the row's lse. pf (or null): the next row's x, fetched
-/// while this row's exp is computed.
+/// One whole row of the forward; writes the row's stats st[0, 2). pf (or null): the next row's
+/// x, fetched while this row's exp is computed.
 template <bool kStream, class T>
-void FwdRow(const T* x, T* y, size_t D, bool log, TC<T>* lse, const T* pf) {
+void FwdRow(const T* x, T* y, size_t D, bool log, TC<T>* st, const T* pf) {
   using C = TC<T>;
   if (D <= sd::kScratchElems) {
     bool nan = false;
     const C m = RunMax(x, D, &nan);
     if (nan || !std::isfinite(m)) {
-      *lse = sd::lse_of(nan, m, C(1));
+      sd::save_stats(nan, m, C(1), st);
       return FillNaN(y, D);
     }
     if (log) {
       const C s = RunSumExp<false>(x, D, m, static_cast<C*>(nullptr), pf);
-      const C ls = std::log(s);
-      *lse = m + ls;
-      return WriteFromX<true, kStream>(x, y, D, m, ls);
+      sd::save_stats(false, m, s, st);
+      return WriteFromX<true, kStream>(x, y, D, m, st[1]);
     }
     C* e = Scratch<C>(D + hn::Lanes(DC<T>()));
     const C s = RunSumExp<true>(x, D, m, e, pf);
-    *lse = sd::lse_of(false, m, s);
+    sd::save_stats(false, m, s, st);
     return WriteScaled<kStream>(e, y, D, C(1) / s);  // s >= 1: the max term is exp(0)
   }
   sd::MaxSum<C> acc;
@@ -381,7 +381,7 @@ void FwdRow(const T* x, T* y, size_t D, bool log, TC<T>* lse, const T* pf) {
     ChunkStats(x + c0, std::min(sd::kStatChunk, D - c0), &m, &s);
     acc.add(m, s);
   }
-  *lse = sd::lse_of(acc.nan, acc.m, acc.s);
+  sd::save_stats(acc.nan, acc.m, acc.s, st);
   if (acc.nan_row()) return FillNaN(y, D);
   if (log) return WriteFromX<true, kStream>(x, y, D, acc.m, std::log(acc.s));
   WriteFromX<false, kStream>(x, y, D, acc.m, C(1) / acc.s);
@@ -392,12 +392,12 @@ void FwdRangeT(const sd::Job& j, sd::Phase phase, size_t begin, size_t end) {
   using C = TC<T>;
   const T* x = static_cast<const T*>(j.x);
   T* y = static_cast<T*>(j.out);
-  C* lse = static_cast<C*>(j.lse);
+  C* st = static_cast<C*>(j.stats);
   const bool prefetch = j.D * sizeof(T) <= kPrefetchRowBytes;
   for (size_t it = begin; it < end; ++it) {
     if (phase == sd::Phase::kRows) {
       const T* xr = x + it * j.D;
-      FwdRow<kStream>(xr, y + it * j.D, j.D, j.log, lse + it,
+      FwdRow<kStream>(xr, y + it * j.D, j.D, j.log, st + 2 * it,
                       prefetch && it + 1 < end ? xr + j.D : nullptr);
       continue;
     }
@@ -427,10 +427,10 @@ template <class T> void FwdRange(const sd::Job& j, sd::Phase phase, size_t begin
   else FwdRangeT<false, T>(j, phase, begin, end);
 }
 
-/// One whole row of the backward, L the row's lse (finite). pfx, pfdy (or null): the next row's
-/// x and dy, fetched while this row's exp is computed.
+/// One whole row of the backward, (m, l) the row's stats (m finite). pfx, pfdy (or null): the
+/// next row's x and dy, fetched while this row's exp is computed.
 template <bool kStream, class T>
-void BwdRow(const T* x, const T* dy, T* dx, size_t D, bool log, TC<T> L, const T* pfx,
+void BwdRow(const T* x, const T* dy, T* dx, size_t D, bool log, TC<T> m, TC<T> l, const T* pfx,
             const T* pfdy) {
   using C = TC<T>;
   // Log-softmax needs y only once, after the sum of dy: for f32/f64 one pass over x and dy is the
@@ -441,15 +441,15 @@ void BwdRow(const T* x, const T* dy, T* dx, size_t D, bool log, TC<T> L, const T
   if (scratch) {  // y = exp(x - L) once, with the sum, kept for the write
     C* e = Scratch<C>(D + hn::Lanes(DC<T>()));
     if (log) {
-      const C s = RunDotExp<true, true>(x, dy, D, L, e, pfx, pfdy);
+      const C s = RunDotExp<true, true>(x, dy, D, m, l, e, pfx, pfdy);
       return WriteBwdScratch<true, kStream>(e, dy, dx, D, s);
     }
-    const C s = RunDotExp<true>(x, dy, D, L, e, pfx, pfdy);
+    const C s = RunDotExp<true>(x, dy, D, m, l, e, pfx, pfdy);
     return WriteBwdScratch<false, kStream>(e, dy, dx, D, s);
   }
-  if (log) return WriteBwdFromX<true, kStream>(x, dy, dx, D, L, RunSum(dy, D));
-  const C s = RunDotExp<false>(x, dy, D, L, static_cast<C*>(nullptr), pfx, pfdy);
-  WriteBwdFromX<false, kStream>(x, dy, dx, D, L, s);
+  if (log) return WriteBwdFromX<true, kStream>(x, dy, dx, D, m, l, RunSum(dy, D));
+  const C s = RunDotExp<false>(x, dy, D, m, l, static_cast<C*>(nullptr), pfx, pfdy);
+  WriteBwdFromX<false, kStream>(x, dy, dx, D, m, l, s);
 }
 
 template <bool kStream, class T>
@@ -458,7 +458,7 @@ void BwdRangeT(const sd::Job& j, sd::Phase phase, size_t begin, size_t end) {
   const T* x = static_cast<const T*>(j.x);
   const T* dy = static_cast<const T*>(j.dy);
   T* dx = static_cast<T*>(j.out);
-  const C* lse = static_cast<const C*>(j.lse);
+  const C* st = static_cast<const C*>(j.stats);
   const bool prefetch = j.D * sizeof(T) <= kPrefetchRowBytes;
   for (size_t it = begin; it < end; ++it) {
     size_t off = it * j.D, n = j.D, r = it;
@@ -468,25 +468,27 @@ void BwdRangeT(const sd::Job& j, sd::Phase phase, size_t begin, size_t end) {
       off = r * j.D + c0;
       n = std::min(j.chunk, j.D - c0);
     }
-    const C L = lse[r];
+    const C m = st[2 * r], l = st[2 * r + 1];
     if (phase == sd::Phase::kStats) {
-      if (!std::isfinite(L)) j.part0[it] = 0;
+      if (!std::isfinite(m)) j.part0[it] = 0;
       else if (j.log) j.part0[it] = RunSum(dy + off, n);
-      else j.part0[it] = RunDotExp<false>(x + off, dy + off, n, L, static_cast<C*>(nullptr));
+      else j.part0[it] = RunDotExp<false>(x + off, dy + off, n, m, l, static_cast<C*>(nullptr));
       continue;
     }
-    if (!std::isfinite(L)) {  // the forward row is NaN (NaN, all -inf, or +inf in x)
+    if (!std::isfinite(m)) {  // the forward row is NaN (NaN, all -inf, or +inf in x)
       FillNaN(dx + off, n);
       continue;
     }
     if (phase == sd::Phase::kRows) {
       const bool pf = prefetch && it + 1 < end;
-      BwdRow<kStream>(x + off, dy + off, dx + off, n, j.log, L, pf ? x + off + n : nullptr,
+      BwdRow<kStream>(x + off, dy + off, dx + off, n, j.log, m, l, pf ? x + off + n : nullptr,
                       pf ? dy + off + n : nullptr);
     } else if (j.log) {
-      WriteBwdFromX<true, kStream>(x + off, dy + off, dx + off, n, L, static_cast<C>(j.row0[r]));
+      WriteBwdFromX<true, kStream>(x + off, dy + off, dx + off, n, m, l,
+                                   static_cast<C>(j.row0[r]));
     } else {
-      WriteBwdFromX<false, kStream>(x + off, dy + off, dx + off, n, L, static_cast<C>(j.row0[r]));
+      WriteBwdFromX<false, kStream>(x + off, dy + off, dx + off, n, m, l,
+                                    static_cast<C>(j.row0[r]));
     }
   }
   if (kStream) hwy::FlushStream();
@@ -546,12 +548,12 @@ size_t row_grain(size_t D) { return std::max<size_t>(1, kElemGrain / std::max<si
 
 template <class C> void combine_fwd(Job& j, size_t R, std::vector<double>& M,
                                     std::vector<double>& c) {
-  C* lse = static_cast<C*>(j.lse);
+  C* st = static_cast<C*>(j.stats);
   for (size_t r = 0; r < R; ++r) {
     MaxSum<C> acc;
     for (size_t k = 0; k < j.nchunks; ++k)
       acc.add(static_cast<C>(j.part0[r * j.nchunks + k]), static_cast<C>(j.part1[r * j.nchunks + k]));
-    lse[r] = lse_of(acc.nan, acc.m, acc.s);
+    save_stats(acc.nan, acc.m, acc.s, st + 2 * r);
     if (acc.nan_row()) {
       M[r] = std::numeric_limits<double>::quiet_NaN();
       continue;
@@ -598,47 +600,49 @@ void run(Job j, size_t R, bool bwd) {
 }
 
 size_t last_dim(const Tensor& t) { return t.rank() == 0 ? 1 : t.dims().back(); }
-DType lse_dtype(DType dt) { return dt == DType::F64 ? DType::F64 : DType::F32; }
-/// x's shape without its last dim (the saved lse's shape).
-Shape rows_shape(const Tensor& x) {
+DType stats_dtype(DType dt) { return dt == DType::F64 ? DType::F64 : DType::F32; }
+/// The saved stats' shape: x's shape with its last dim replaced by 2 (m, l).
+Shape stats_shape(const Tensor& x) {
   std::vector<size_t> d = x.dims();
   if (!d.empty()) d.pop_back();
+  d.push_back(2);
   return Shape(d);
 }
 
-/// in = {x}. Returns {y, lse}.
+/// in = {x}. Returns {y, stats}.
 std::vector<Tensor> fwd_kernel(const std::vector<Tensor>& in, bool log) {
   const Tensor& x = in[0];
   TAPER_ASSERT(x.is_contiguous());
   Tensor y = new_output(x.shape(), x.dtype());
-  Tensor lse = new_output(rows_shape(x), lse_dtype(x.dtype()));
+  Tensor stats = new_output(stats_shape(x), stats_dtype(x.dtype()));
   Job j;
   j.dt = x.dtype();
   j.log = log;
   j.x = x.data_ptr();
   j.out = y.data_ptr();
-  j.lse = lse.data_ptr();
+  j.stats = stats.data_ptr();
   j.stream = y.elem_count() * dtype_size(y.dtype()) >= kStreamStoreBytes;
   j.D = last_dim(x);
-  const size_t R = lse.elem_count();
-  if (j.D == 0) {  // rows of nothing: log(0)
+  const size_t R = stats.elem_count() / 2;
+  if (j.D == 0) {  // rows of nothing: max -inf, log-sum-exp log(0) = -inf
     for (size_t r = 0; r < R; ++r) {
-      if (j.dt == DType::F64) static_cast<double*>(j.lse)[r] = -HUGE_VAL;
-      else static_cast<float*>(j.lse)[r] = -HUGE_VALF;
+      if (j.dt == DType::F64)
+        save_stats(false, -HUGE_VAL, 1.0, static_cast<double*>(j.stats) + 2 * r);
+      else save_stats(false, -HUGE_VALF, 1.0f, static_cast<float*>(j.stats) + 2 * r);
     }
   }
   run(j, R, false);
-  return {y, lse};
+  return {y, stats};
 }
 
-/// in = {x, lse, dy}: the forward's input and saved lse, the upstream gradient. Returns {dx}.
+/// in = {x, stats, dy}: the forward's input and saved stats, the upstream gradient. Returns {dx}.
 std::vector<Tensor> bwd_kernel(const std::vector<Tensor>& in, bool log) {
   const Tensor& x = in[0];
-  const Tensor& lse = in[1];
+  const Tensor& stats = in[1];
   const Tensor& dy = in[2];
-  TAPER_ASSERT(x.is_contiguous() && lse.is_contiguous() && dy.is_contiguous());
+  TAPER_ASSERT(x.is_contiguous() && stats.is_contiguous() && dy.is_contiguous());
   TAPER_ASSERT(x.shape() == dy.shape() && x.dtype() == dy.dtype());
-  TAPER_ASSERT(lse.dtype() == lse_dtype(x.dtype()) && lse.shape() == rows_shape(x));
+  TAPER_ASSERT(stats.dtype() == stats_dtype(x.dtype()) && stats.shape() == stats_shape(x));
   Tensor dx = new_output(x.shape(), x.dtype());
   Job j;
   j.dt = x.dtype();
@@ -646,10 +650,10 @@ std::vector<Tensor> bwd_kernel(const std::vector<Tensor>& in, bool log) {
   j.x = x.data_ptr();
   j.dy = dy.data_ptr();
   j.out = dx.data_ptr();
-  j.lse = lse.data_ptr();
+  j.stats = stats.data_ptr();
   j.stream = dx.elem_count() * dtype_size(dx.dtype()) >= kStreamStoreBytes;
   j.D = last_dim(x);
-  run(j, lse.elem_count(), true);
+  run(j, stats.elem_count() / 2, true);
   return {dx};
 }
 

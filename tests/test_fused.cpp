@@ -407,8 +407,9 @@ TEST_P(FusedStats, DtypeShapeAndValues) {
   }
 }
 
-// The softmax forwards save lse = max + log(sum exp(x - max)) per row, in f32 (f64 for f64),
-// computed once per row whether the row is whole or split across threads.
+// The softmax forwards save (m, l) = (max, log sum exp(x - max)) per row, shape (..., 2), in f32
+// (f64 for f64), computed once per row whether the row is whole or split across threads: m is
+// the row's max exactly, m + l its log-sum-exp.
 TEST_P(FusedStats, SoftmaxLse) {
   const DType dt = GetParam();
   const DType want = dt == DType::F64 ? DType::F64 : DType::F32;
@@ -431,22 +432,29 @@ TEST_P(FusedStats, SoftmaxLse) {
         EXPECT_TRUE(at_floor(values(out[0]), e.y, e.scale, dt));
         EXPECT_EQ(out[1].dtype(), want);
         std::vector<size_t> dims = s.dims();
-        dims.pop_back();
+        dims.back() = 2;
         EXPECT_EQ(out[1].dims(), dims);
-        EXPECT_TRUE(testing::all_close(values(out[1]), ref::logsumexp(x, R, D),
-                                       kNoise * compute_u(dt), kNoise * compute_u(dt)));
+        const std::vector<double> st = values(out[1]);
+        std::vector<double> lse(R);
+        for (size_t r = 0; r < R; ++r) {
+          EXPECT_EQ(st[2 * r], *std::max_element(x.begin() + r * D, x.begin() + (r + 1) * D));
+          lse[r] = st[2 * r] + st[2 * r + 1];
+        }
+        EXPECT_TRUE(testing::all_close(lse, ref::logsumexp(x, R, D), kNoise * compute_u(dt),
+                                       kNoise * compute_u(dt)));
       }
     }
   }
   cpu::set_num_threads(saved);
-  for (FOp op : {FOp::Softmax, FOp::LogSoftmax}) {  // rows of nothing: lse = log(0) = -inf
+  for (FOp op : {FOp::Softmax, FOp::LogSoftmax}) {  // rows of nothing: m = -inf, l = 0
     Problem p;
     p.op = op;
     p.x = Tensor::zeros(Shape({3, 0}), dt);
     const std::vector<Tensor> out = run_kernel(p);
     ASSERT_EQ(out.size(), 2u);
     EXPECT_EQ(out[0].elem_count(), 0u);
-    EXPECT_EQ(values(out[1]), std::vector<double>(3, -std::numeric_limits<double>::infinity()));
+    const double inf = std::numeric_limits<double>::infinity();
+    EXPECT_EQ(values(out[1]), (std::vector<double>{-inf, 0, -inf, 0, -inf, 0}));
   }
 }
 
@@ -525,11 +533,11 @@ INSTANTIATE_TEST_SUITE_P(Fused, FusedSpecial, ::testing::ValuesIn(kDTypes),
 
 // ---- softmax backward kernels ----------------------------------------------------------------
 
-// The bwd kernels take (x, lse, dy), lse the forward's saved log-sum-exp, and recompute
-// y = exp(x - lse) in the compute type. Their reference is the f64 gradient of x alone
-// (ref::softmax_bwd(x, dy)), so the bound accounts for the compute-type error of that y: a
-// relative u_c (1 + |x - lse| + |lse|) (lse rounded to the compute type, the subtraction, exp),
-// carried through the sum and the product.
+// The bwd kernels take (x, stats, dy), stats the forward's saved (m, l) = (max, log sum
+// exp(x - m)), and recompute y = exp((x - m) - l) in the compute type. Their reference is the f64
+// gradient of x alone (ref::softmax_bwd(x, dy)), so the bound accounts for the compute-type error
+// of that y: a relative u_c (1 + |x - m| + |l|) (x - m, l rounded, the subtraction, exp), carried
+// through the sum and the product.
 
 using BwdParam = std::tuple<bool, DType>;
 class SoftmaxBwdKernel : public ::testing::TestWithParam<BwdParam> {};
@@ -565,36 +573,40 @@ TEST_P(SoftmaxBwdKernel, MatchesReference) {
       const Tensor dy = Tensor::randn(s, dt, Device::cpu(), ++seed);
       const std::vector<Tensor> fwd = kf.fn({x}, OpAttrs{});
       ASSERT_EQ(fwd.size(), 2u);
-      const Tensor& lse = fwd[1];
+      const Tensor& stats = fwd[1];
       const std::vector<double> xv = values(x), dyv = values(dy);
       const std::vector<double> lv = ref::logsumexp(xv, R, D);
+      std::vector<double> mv(R);
+      for (size_t r = 0; r < R; ++r)
+        mv[r] = *std::max_element(xv.begin() + r * D, xv.begin() + (r + 1) * D);
       const std::vector<double> want =
           log ? ref::log_softmax_bwd(xv, dyv, D) : ref::softmax_bwd(xv, dyv, D);
       std::vector<double> scale(xv.size());
       for (size_t r = 0; r < R; ++r) {
         double acc = 0, acc_abs = 0;  // the row's sum and the bound on its error, in u_c units
+        const double l = lv[r] - mv[r];
         for (size_t i = 0; i < D; ++i) {
           const size_t j = r * D + i;
           const double y = std::exp(xv[j] - lv[r]);
-          const double a = 1.0 + std::abs(xv[j] - lv[r]) + std::abs(lv[r]);
+          const double a = 1.0 + std::abs(xv[j] - mv[r]) + std::abs(l);
           acc += log ? dyv[j] : dyv[j] * y;
           acc_abs += log ? std::abs(dyv[j]) : std::abs(dyv[j] * y) * a;
         }
         for (size_t i = 0; i < D; ++i) {
           const size_t j = r * D + i;
           const double y = std::exp(xv[j] - lv[r]);
-          const double a = 1.0 + std::abs(xv[j] - lv[r]) + std::abs(lv[r]);
+          const double a = 1.0 + std::abs(xv[j] - mv[r]) + std::abs(l);
           scale[j] = log ? std::abs(dyv[j]) + y * (a * std::abs(acc) + acc_abs)
                          : y * (a * std::abs(dyv[j] - acc) + acc_abs);
         }
       }
-      const std::vector<Tensor> out = k.fn({x, lse, dy}, OpAttrs{});
+      const std::vector<Tensor> out = k.fn({x, stats, dy}, OpAttrs{});
       ASSERT_EQ(out.size(), 1u);
       EXPECT_EQ(out[0].dtype(), dt);
       EXPECT_TRUE(out[0].shape() == s);
       EXPECT_TRUE(at_floor(values(out[0]), want, scale, dt));
       if (R > 1 && D > 1 && R * D < 100000) {  // transposed x and dy, via dispatch
-        const Tensor dxt = dispatch1(id, {with_layout(x, LayoutKind::Transposed), lse,
+        const Tensor dxt = dispatch1(id, {with_layout(x, LayoutKind::Transposed), stats,
                                           with_layout(dy, LayoutKind::Transposed)});
         EXPECT_TRUE(at_floor(values(dxt), want, scale, dt)) << "transposed";
       }
@@ -603,8 +615,8 @@ TEST_P(SoftmaxBwdKernel, MatchesReference) {
   cpu::set_num_threads(saved);
 }
 
-// A forward row that is NaN (a NaN, all -inf, a +inf) has a non-finite lse (NaN, -inf, +inf)
-// and a NaN gradient row; the other rows, -inf entries included, stay finite. Whole rows and
+// A forward row that is NaN (a NaN, all -inf, a +inf) saves a non-finite max (NaN, -inf, +inf)
+// and has a NaN gradient row; the other rows, -inf entries included, stay finite. Whole rows and
 // rows split across threads.
 TEST_P(SoftmaxBwdKernel, NaNRowsWhereTheForwardIsNaN) {
   const auto [log, dt] = GetParam();
@@ -621,11 +633,11 @@ TEST_P(SoftmaxBwdKernel, NaNRowsWhereTheForwardIsNaN) {
     const Tensor xt = Tensor::from_vector(x, Shape({5, D})).to_dtype(dt);
     const Tensor dy = Tensor::randn(Shape({5, D}), dt, Device::cpu(), 9);
     const std::vector<Tensor> fwd = cpu_kernel(fwd_of(log)).fn({xt}, OpAttrs{});
-    const std::vector<double> lse = values(fwd[1]), y = values(fwd[0]);
-    EXPECT_TRUE(std::isnan(lse[0]));
-    EXPECT_EQ(lse[1], -inf);
-    EXPECT_EQ(lse[2], inf);
-    EXPECT_TRUE(std::isfinite(lse[3]) && std::isfinite(lse[4]));
+    const std::vector<double> st = values(fwd[1]), y = values(fwd[0]);  // (m, l) per row
+    EXPECT_TRUE(std::isnan(st[0]));
+    EXPECT_EQ(st[2], -inf);
+    EXPECT_EQ(st[4], inf);
+    EXPECT_TRUE(std::isfinite(st[6]) && std::isfinite(st[8]));
     const std::vector<double> dx =
         values(cpu_kernel(bwd_of(log)).fn({xt, fwd[1], dy}, OpAttrs{})[0]);
     for (size_t i = 0; i < dx.size(); ++i) {
@@ -648,6 +660,33 @@ INSTANTIATE_TEST_SUITE_P(Fused, SoftmaxBwdKernel,
                          });
 
 // ---- the large precision cases of issue 3 ----------------------------------------------------
+
+// Softmax is invariant to a constant added to a row, and so should be its gradient's precision:
+// f32 logits near 1000 and 10000 give the same relative error as logits near 0. (Recomputing y
+// from a saved f32 log-sum-exp instead of the pair (max, log-sum) gave 2.4e-5 and 4.4e-4.)
+TEST(FusedPrecision, F32SoftmaxGradientIndependentOfLogitOffset) {
+  for (bool log : {false, true}) {
+    for (double offset : {0.0, 1000.0, 10000.0}) {
+      SCOPED_TRACE(std::string(log ? "log_softmax" : "softmax") + " offset " +
+                   std::to_string(offset));
+      const Shape s({64, 1000});
+      const Tensor x = Tensor::randn(s, DType::F32, Device::cpu(), 77, offset, 1.0);
+      const Tensor up = Tensor::randn(s, DType::F32, Device::cpu(), 78);
+      const Var xv = Var::from_tensor(x);
+      const Tensor y = log ? ops::log_softmax_last_dim(xv) : ops::softmax_last_dim(xv);
+      const std::vector<double> got = values(*y.backward(up).get(xv));
+      const std::vector<double> xd = values(x), upd = values(up);
+      const std::vector<double> want =
+          log ? ref::log_softmax_bwd(xd, upd, 1000) : ref::softmax_bwd(xd, upd, 1000);
+      double err = 0, mag = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        err = std::max(err, std::abs(got[i] - want[i]));
+        mag = std::max(mag, std::abs(want[i]));
+      }
+      EXPECT_LE(err / mag, 1e-6);
+    }
+  }
+}
 
 // bf16 softmax of (4096, 32768) randn*4: every output is the f64 reference rounded once to bf16,
 // except where the reference lies within f32 noise (kNoise * 2^-24 relative) of a rounding tie.

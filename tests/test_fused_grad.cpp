@@ -214,14 +214,14 @@ TEST(FusedGrad, SavedStatisticsAreF32ForHalvesAndF64ForF64) {
     const DType want = dt == DType::F64 ? DType::F64 : DType::F32;
     EXPECT_EQ(node->outputs[1].dtype(), want) << dtype_name(dt);
     EXPECT_EQ(node->outputs[2].dtype(), want) << dtype_name(dt);
-    // The softmax forwards save lse per row (x's shape without the last dim) for the backward.
+    // The softmax forwards save (max, log-sum) per row (x's shape, last dim 2) for the backward.
     for (Op op : {Op::Softmax, Op::LogSoftmax}) {
       Tensor ys = apply(op, Inputs{x, Tensor(), Tensor()}, false);
       const auto& n = ys.impl_ptr()->grad_fn;
       ASSERT_TRUE(n);
       ASSERT_EQ(n->outputs.size(), 2u) << op_str(op);
       EXPECT_EQ(n->outputs[1].dtype(), want) << op_str(op) << " " << dtype_name(dt);
-      EXPECT_EQ(n->outputs[1].dims(), std::vector<size_t>{4}) << op_str(op);
+      EXPECT_EQ(n->outputs[1].dims(), (std::vector<size_t>{4, 2})) << op_str(op);
     }
   }
 }

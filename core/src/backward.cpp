@@ -174,9 +174,10 @@ BWD(cat) {
 }
 
 // ---- fused ----
-// The softmax rules pass x and the saved lse (out[1], f32 for half types and f32, f64 for f64),
-// not the output y: the bwd kernels recompute y = exp(x - lse) in the compute type, so a
-// bf16/f16 y's own rounding never enters dx (the cancellation in dy - sum would magnify it).
+// The softmax rules pass x and the saved row stats (out[1]: (..., 2) = (max m, log sum exp(x - m)),
+// f32 for half types and f32, f64 for f64), not the output y: the bwd kernels recompute
+// y = exp((x - m) - l) in the compute type, so a bf16/f16 y's own rounding never enters dx (the
+// cancellation in dy - sum would magnify it), nor does the rounding of a large log-sum-exp.
 BWD(softmax_last_dim) {
   return {dispatch1(OpId::softmax_last_dim_bwd, {in[0], out[1], g[0]})};
 }
