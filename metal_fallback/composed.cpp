@@ -111,10 +111,32 @@ std::vector<Tensor> group_norm_fn(const std::vector<Tensor>& in, const OpAttrs& 
   return {group_norm(in[0], static_cast<size_t>(a.i0), arg(in, 1), arg(in, 2), a.f0)};
 }
 
+/// The dedicated softmax backward ops, in = {x, stats, dy}, stats (..., 2) = (max m, log-sum l)
+/// saved by the forward kernel in the compute dtype: y = exp((x - m) - l), then
+/// dx = y (dy - sum(dy y)) (softmax) or dy - y sum(dy) (log-softmax), rounded once to x's dtype.
+/// A forward row that was NaN has a non-finite m; adding m - m (NaN there, 0 elsewhere) makes
+/// its gradient row NaN, as the kernels do.
+std::vector<Tensor> softmax_bwd_from_stats(const std::vector<Tensor>& in, bool log) {
+  const Tensor xc = upcast(in[0]), dy = upcast(in[2]);
+  const Tensor m = in[1].narrow(-1, 0, 1), l = in[1].narrow(-1, 1, 1);
+  const Tensor y = ((xc - m) - l).exp();
+  const Tensor dx = log ? dy - y * dy.sum({-1}, /*keepdim=*/true)
+                        : y * (dy - (dy * y).sum({-1}, /*keepdim=*/true));
+  return {downcast(dx + (m - m), in[0].dtype())};
+}
+std::vector<Tensor> softmax_bwd_fn(const std::vector<Tensor>& in, const OpAttrs&) {
+  return softmax_bwd_from_stats(in, false);
+}
+std::vector<Tensor> log_softmax_bwd_fn(const std::vector<Tensor>& in, const OpAttrs&) {
+  return softmax_bwd_from_stats(in, true);
+}
+
 struct Registrar {
   Registrar() {
     register_composed(OpId::softmax_last_dim, &softmax_fn);
     register_composed(OpId::log_softmax_last_dim, &log_softmax_fn);
+    register_composed(OpId::softmax_last_dim_bwd, &softmax_bwd_fn);
+    register_composed(OpId::log_softmax_last_dim_bwd, &log_softmax_bwd_fn);
     register_composed(OpId::rms_norm, &rms_norm_fn);
     register_composed(OpId::layer_norm, &layer_norm_fn);
     register_composed(OpId::group_norm, &group_norm_fn);

@@ -615,6 +615,37 @@ TEST_P(SoftmaxBwdKernel, MatchesReference) {
   cpu::set_num_threads(saved);
 }
 
+// The dedicated backward ops have a composed form too (metal_fallback/), which a device without
+// their kernel runs: forced with ComposedOnlyGuard, it gives the kernel's gradient, NaN rows
+// included.
+TEST_P(SoftmaxBwdKernel, ComposedFallbackMatchesKernel) {
+  const auto [log, dt] = GetParam();
+  const double inf = std::numeric_limits<double>::infinity();
+  const size_t D = 33;
+  std::vector<double> x = values(Tensor::randn(Shape({6, D}), DType::F64, Device::cpu(), 81));
+  x[4] = std::numeric_limits<double>::quiet_NaN();
+  for (size_t i = 0; i < D; ++i) x[D + i] = -inf;
+  x[2 * D + 5] = inf;
+  for (size_t i = 0; i < D; i += 4) x[3 * D + i] = -inf;
+  const Tensor xt = Tensor::from_vector(x, Shape({6, D})).to_dtype(dt);
+  const Tensor dy = Tensor::randn(Shape({6, D}), dt, Device::cpu(), 82);
+  const Tensor stats = cpu_kernel(fwd_of(log)).fn({xt}, OpAttrs{})[1];
+  const std::vector<double> kernel = values(dispatch1(bwd_of(log), {xt, stats, dy}));
+  std::vector<double> composed;
+  {
+    ComposedOnlyGuard guard({bwd_of(log)});
+    composed = values(dispatch1(bwd_of(log), {xt, stats, dy}));
+  }
+  ASSERT_EQ(kernel.size(), composed.size());
+  for (size_t i = 0; i < kernel.size(); ++i) {
+    ASSERT_EQ(std::isnan(kernel[i]), std::isnan(composed[i])) << "at " << i;
+    if (std::isnan(kernel[i])) continue;
+    // Both compute in f32 (f64) and round once; their sums differ in order only.
+    const double tol = dt == DType::F64 ? 1e-12 : (dt == DType::F32 ? 1e-5 : 1e-2);
+    EXPECT_NEAR(kernel[i], composed[i], tol * (1.0 + std::abs(kernel[i]))) << "at " << i;
+  }
+}
+
 // A forward row that is NaN (a NaN, all -inf, a +inf) saves a non-finite max (NaN, -inf, +inf)
 // and has a NaN gradient row; the other rows, -inf entries included, stay finite. Whole rows and
 // rows split across threads.
