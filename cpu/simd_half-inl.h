@@ -307,13 +307,6 @@ template <class D, class T> HWY_INLINE void StreamFrom(D d, hn::Vec<D> v, T* HWY
   }
 }
 
-/// Stores with StreamFrom when kStream, else StoreFrom.
-template <bool kStream, class D, class T>
-HWY_INLINE void StoreMaybeStream(D d, hn::Vec<D> v, T* HWY_RESTRICT p) {
-  if constexpr (kStream) StreamFrom(d, v, p);
-  else StoreFrom(d, v, p);
-}
-
 /// LoadAs for n < Lanes(d) elements: reads only p[0, n); the missing lanes are 0.
 template <class D, class T>
 HWY_INLINE hn::Vec<D> LoadAsN(D d, const T* HWY_RESTRICT p, size_t n);

@@ -255,7 +255,8 @@ BWD(group_norm) {
   const Tensor u_c = (gy * xhat).sum({2});   // (N, C)
   auto group_mean = [&](const Tensor& per_chan) {  // (N, C) -> (N, G, 1), weighted by w
     const Tensor t = has(w) ? per_chan * ws : per_chan;
-    return t.reshape(Shape({n, groups, c / groups})).sum({2}, true) * (1.0 / static_cast<double>(m));
+    const Tensor per_group = t.reshape(Shape({n, groups, c / groups})).sum({2}, true);
+    return per_group * (1.0 / static_cast<double>(m));
   };
   const Tensor dx = norm_dx(gw.reshape(grouped), xhat.reshape(grouped), rstd, group_mean(gy_c),
                             group_mean(u_c));
