@@ -120,6 +120,10 @@ inline constexpr size_t kElemGrain = 1 << 15;
 /// machine a scaled copy of 64 MiB went from ~50 to ~68 GB/s). Smaller outputs stay cached for
 /// the op that reads them next.
 inline constexpr size_t kStreamStoreBytes = size_t{16} << 20;
+/// Whether a kernel writes `out` with streaming stores (kStreamStoreBytes).
+inline bool use_stream_stores(const Tensor& out) {
+  return out.elem_count() * dtype_size(out.dtype()) >= kStreamStoreBytes;
+}
 /// Rows up to this many bytes are prefetched one row ahead while the current row is computed.
 inline constexpr size_t kPrefetchRowBytes = size_t{256} << 10;
 

@@ -424,7 +424,7 @@ std::vector<Tensor> rms_norm_kernel(const std::vector<Tensor>& in, const OpAttrs
   j.x = x.data_ptr();
   j.w = ptr_or_null(in, 1);
   j.y = y.data_ptr();
-  j.stream = y.elem_count() * dtype_size(y.dtype()) >= kStreamStoreBytes;
+  j.stream = use_stream_stores(y);
   j.rstd = rstd.data_ptr();
   j.L = x.rank() ? x.dims().back() : 1;
   j.eps = attrs.f0;
@@ -447,7 +447,7 @@ std::vector<Tensor> layer_norm_kernel(const std::vector<Tensor>& in, const OpAtt
   j.w = ptr_or_null(in, 1);
   j.b = ptr_or_null(in, 2);
   j.y = y.data_ptr();
-  j.stream = y.elem_count() * dtype_size(y.dtype()) >= kStreamStoreBytes;
+  j.stream = use_stream_stores(y);
   j.mean = mean.data_ptr();
   j.rstd = rstd.data_ptr();
   j.L = x.rank() ? x.dims().back() : 1;
@@ -475,7 +475,7 @@ std::vector<Tensor> group_norm_kernel(const std::vector<Tensor>& in, const OpAtt
   j.w = ptr_or_null(in, 1);
   j.b = ptr_or_null(in, 2);
   j.y = y.data_ptr();
-  j.stream = y.elem_count() * dtype_size(y.dtype()) >= kStreamStoreBytes;
+  j.stream = use_stream_stores(y);
   j.mean = mean.data_ptr();
   j.rstd = rstd.data_ptr();
   j.L = C / G * S;

@@ -240,7 +240,7 @@ HWY_INLINE void SumColsT(const T* HWY_RESTRICT x, size_t red, size_t inner, size
   const hn::ScalableTag<C> d;
   const size_t N = hn::Lanes(d);
   constexpr size_t kMaxN = HWY_MAX_BYTES / sizeof(C);
-  double acc_all[kColChunk + 4 * kMaxN];
+  double acc_all[kColChunk];
   HWY_ASSERT(c1 - c0 <= kColChunk);
   std::fill(acc_all, acc_all + (c1 - c0), 0.0);
   for (size_t r0 = 0; r0 < red; r0 += kColBlock) {

@@ -56,8 +56,7 @@ void GradStore::remove(const Tensor& t) { grads_.erase(t.id()); }
 GradStore Tensor::backward() const {
   TAPER_CHECK(elem_count() == 1, "backward: needs a single-element tensor, got shape ",
               shape().to_string(), " (pass the upstream gradient: backward(grad))");
-  TAPER_CHECK(is_float(dtype()), "backward: needs a float tensor, got ", dtype_name(dtype()));
-  return backward(Tensor::ones(shape(), dtype(), device()));
+  return backward(Tensor::ones(shape(), dtype(), device()));  // checks the dtype
 }
 
 GradStore Tensor::backward(const Tensor& root_grad) const {
