@@ -78,10 +78,8 @@ HWY_INLINE void LoopVV(D d, const T* HWY_RESTRICT a, const T* HWY_RESTRICT b, T*
     const auto b1 = LoadAs(d, b + i + N);
     const auto b2 = LoadAs(d, b + i + 2 * N);
     const auto b3 = LoadAs(d, b + i + 3 * N);
-    StoreFrom(d, op(a0, b0), out + i);
-    StoreFrom(d, op(a1, b1), out + i + N);
-    StoreFrom(d, op(a2, b2), out + i + 2 * N);
-    StoreFrom(d, op(a3, b3), out + i + 3 * N);
+    StoreFrom2<false>(d, op(a0, b0), op(a1, b1), out + i);
+    StoreFrom2<false>(d, op(a2, b2), op(a3, b3), out + i + 2 * N);
   }
   for (; i + N <= n; i += N) StoreFrom(d, op(LoadAs(d, a + i), LoadAs(d, b + i)), out + i);
   if (i < n) {
@@ -106,10 +104,9 @@ HWY_INLINE void LoopVS(D d, const T* HWY_RESTRICT v, hn::Vec<D> s, T* HWY_RESTRI
     const auto x1 = LoadAs(d, v + i + N);
     const auto x2 = LoadAs(d, v + i + 2 * N);
     const auto x3 = LoadAs(d, v + i + 3 * N);
-    StoreFrom(d, WithScalar<kScalarB>(op, x0, s), out + i);
-    StoreFrom(d, WithScalar<kScalarB>(op, x1, s), out + i + N);
-    StoreFrom(d, WithScalar<kScalarB>(op, x2, s), out + i + 2 * N);
-    StoreFrom(d, WithScalar<kScalarB>(op, x3, s), out + i + 3 * N);
+    StoreFrom2<false>(d, WithScalar<kScalarB>(op, x0, s), WithScalar<kScalarB>(op, x1, s), out + i);
+    StoreFrom2<false>(d, WithScalar<kScalarB>(op, x2, s), WithScalar<kScalarB>(op, x3, s),
+                      out + i + 2 * N);
   }
   for (; i + N <= n; i += N) StoreFrom(d, WithScalar<kScalarB>(op, LoadAs(d, v + i), s), out + i);
   if (i < n) StoreFromN(d, WithScalar<kScalarB>(op, LoadAsN(d, v + i, n - i), s), out + i, n - i);

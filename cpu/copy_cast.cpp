@@ -53,8 +53,7 @@ void ConvertRun(const S* HWY_RESTRICT src, D* HWY_RESTRICT dst, size_t n) {
   for (; i + 2 * N <= n; i += 2 * N) {
     const auto v0 = LoadAs(d, src + i);
     const auto v1 = LoadAs(d, src + i + N);
-    StoreFrom(d, v0, dst + i);
-    StoreFrom(d, v1, dst + i + N);
+    StoreFrom2<false>(d, v0, v1, dst + i);
   }
   for (; i + N <= n; i += N) StoreFrom(d, LoadAs(d, src + i), dst + i);
   if (i < n) StoreFromN(d, LoadAsN(d, src + i, n - i), dst + i, n - i);

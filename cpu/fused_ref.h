@@ -14,8 +14,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <vector>
+
+#include "taper/dtype.h"
+
+namespace taper::cpu {
+/// Test hook (defined in softmax.cpp): y[0, n) = the softmax kernels' exp (ExpNoSubnormal of
+/// simd_exp-inl.h) of t[0, n), f32 or f64 (`dt`), on the current dispatch target; returns it.
+int64_t softmax_exp_for_test(const void* t, void* y, DType dt, size_t n);
+}  // namespace taper::cpu
 
 namespace taper::ref {
 

@@ -96,20 +96,24 @@ HWY_INLINE hn::Vec<DF> Bf16BitsToF32(DF df, hn::Vec<hn::RebindToUnsigned<DF>> bi
   return hn::BitCast(df, hn::ShiftLeft<16>(bits));
 }
 
+/// f32 -> bf16 rounded to nearest-even (f32_to_bf16_bits), the bf16 bits in the upper half of
+/// each u32 lane (the lower half is left over). Ties go to the even bf16; a carry out of the
+/// mantissa bumps the exponent (overflow -> inf); NaN keeps its upper half with the quiet bit.
+template <class DF>
+HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> F32ToBf16High(DF df, hn::Vec<DF> v) {
+  const hn::RebindToUnsigned<DF> du;
+  (void)df;
+  const auto u = hn::BitCast(du, v);
+  const auto lsb = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
+  const auto rounded = hn::Add(u, hn::Add(lsb, hn::Set(du, 0x7fffu)));
+  return hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), hn::Or(u, hn::Set(du, 0x400000u)),
+                        rounded);
+}
+
 /// f32 -> bf16 bits in u32 lanes, round to nearest-even (f32_to_bf16_bits).
 template <class DF>
 HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> F32ToBf16Bits(DF df, hn::Vec<DF> v) {
-  const hn::RebindToUnsigned<DF> du;
-  const hn::RebindToSigned<DF> di;
-  const auto u = hn::BitCast(du, v);
-  const auto abs_i = hn::BitCast(di, hn::And(u, hn::Set(du, 0x7fffffffu)));
-  const auto is_nan = hn::RebindMask(du, hn::Gt(abs_i, hn::Set(di, 0x7f800000)));
-  const auto lsb = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
-  // Ties go to the even bf16; a carry out of the mantissa bumps the exponent (overflow -> inf).
-  const auto rounded = hn::ShiftRight<16>(hn::Add(u, hn::Add(hn::Set(du, 0x7fffu), lsb)));
-  const auto quiet = hn::Or(hn::ShiftRight<16>(u), hn::Set(du, 0x40u));
-  (void)df;
-  return hn::IfThenElse(is_nan, quiet, rounded);
+  return hn::ShiftRight<16>(F32ToBf16High(df, v));
 }
 
 /// f16 bits (in u32 lanes) -> f32, exact (f16_bits_to_f32).
@@ -314,24 +318,52 @@ HWY_INLINE hn::Vec<D> LoadAsN(D d, const T* HWY_RESTRICT p, size_t n);
 template <class D, class T>
 HWY_INLINE void StoreFromN(D d, hn::Vec<D> v, T* HWY_RESTRICT p, size_t n);
 
+/// StoreFrom (kStream: StreamFrom) of two vectors, v0 to p[0, N) and v1 to p[N, 2N), N = Lanes(d).
+/// For bf16 the two roundings are packed into one vector of 2N u16 by ConcatOdd (one permute)
+/// instead of two narrowing demotions, and stored as one vector (streamed: `p` aligned to it).
+template <bool kStream, class D, class T>
+HWY_INLINE void StoreFrom2(D d, hn::Vec<D> v0, hn::Vec<D> v1, T* HWY_RESTRICT p) {
+  const size_t N = hn::Lanes(d);
+#if HWY_TARGET != HWY_SCALAR  // (no ConcatOdd there)
+  if constexpr (std::is_same_v<T, bf16> && std::is_same_v<hn::TFromD<D>, float> &&
+                hn::MaxLanes(d) >= 4) {
+    const hn::Repartition<uint16_t, D> d16;  // 2N lanes
+    const auto packed = hn::ConcatOdd(d16, hn::BitCast(d16, detail::F32ToBf16High(d, v1)),
+                                      hn::BitCast(d16, detail::F32ToBf16High(d, v0)));
+    uint16_t* HWY_RESTRICT out = reinterpret_cast<uint16_t*>(p);
+    if constexpr (kStream) hn::Stream(packed, d16, out);
+    else hn::StoreU(packed, d16, out);
+    return;
+  }
+#endif
+  if constexpr (kStream) {
+    StreamFrom(d, v0, p);
+    StreamFrom(d, v1, p + N);
+  } else {
+    StoreFrom(d, v0, p);
+    StoreFrom(d, v1, p + N);
+  }
+}
+
 /// Writes y[lo, hi) vector by vector: y[i, i + n) = f(i, n), n = Lanes(d) except for a partial
-/// head or tail (f then loads with LoadAsN). With kStream the whole vectors are streamed
-/// (StreamFrom), after a partial head that reaches the vector alignment.
+/// head or tail (f then loads with LoadAsN); whole vectors go two at a time (StoreFrom2). With
+/// kStream the pairs are streamed, after a head that reaches their alignment (2N elements).
 template <bool kStream, class D, class T, class F>
 HWY_INLINE void MapStore(D d, T* HWY_RESTRICT y, size_t lo, size_t hi, const F& f) {
   const size_t N = hn::Lanes(d);
   size_t i = lo;
   if constexpr (kStream) {
-    const size_t mis = (reinterpret_cast<uintptr_t>(y + i) % (N * sizeof(T))) / sizeof(T);
-    if (mis != 0 && i < hi) {
-      const size_t h = std::min(hi - i, N - mis);
-      StoreFromN(d, f(i, h), y + i, h);
+    const size_t mis = (reinterpret_cast<uintptr_t>(y + i) % (2 * N * sizeof(T))) / sizeof(T);
+    for (size_t head = mis == 0 ? 0 : std::min(hi - i, 2 * N - mis); head > 0;) {
+      const size_t h = std::min(head, N);
+      if (h == N) StoreFrom(d, f(i, N), y + i);
+      else StoreFromN(d, f(i, h), y + i, h);
       i += h;
+      head -= h;
     }
-    for (; i + N <= hi; i += N) StreamFrom(d, f(i, N), y + i);
-  } else {
-    for (; i + N <= hi; i += N) StoreFrom(d, f(i, N), y + i);
   }
+  for (; i + 2 * N <= hi; i += 2 * N) StoreFrom2<kStream>(d, f(i, N), f(i + N, N), y + i);
+  for (; i + N <= hi; i += N) StoreFrom(d, f(i, N), y + i);  // at most once
   if (i < hi) StoreFromN(d, f(i, hi - i), y + i, hi - i);
 }
 
@@ -347,6 +379,7 @@ HWY_INLINE hn::Vec<D> LoadAsN(D d, const T* HWY_RESTRICT p, size_t n) {
   // An upper bound on Lanes(d) valid for every D (its lanes are at least as wide as T's).
   T buf[HWY_MAX_BYTES / sizeof(hn::TFromD<D>)];
   std::memset(static_cast<void*>(buf), 0, sizeof(buf));
+  n = std::min(n, hn::Lanes(d));  // n < Lanes(d) already; lets GCC see the copy is in bounds
   std::memcpy(static_cast<void*>(buf), static_cast<const void*>(p), n * sizeof(T));
   return LoadAs(d, buf);
 }

@@ -16,10 +16,11 @@
 // f32 (f64) noise, so dx is rounded once, at the store. The pair, not m + l, is saved: x - m is
 // exact for x near the max and l is small (log D at most), whereas x - lse with lse rounded to f32
 // would carry an error of u|lse| (logits near 1000: 2.4e-5 relative in f32 dx, 4e-4 near 1e4).
-// Precision: bf16/f16 load to f32, every step is f32 (Highway's Exp, max 1 ulp), the result is
-// rounded once at the store; f64 is f64 throughout (Exp in f64, f64 accumulators).
+// Precision: bf16/f16 load to f32, every step is f32 (ExpNoSubnormal of simd_exp-inl.h, within
+// 2 ulp; exp results below FLT_MIN, and so y below it, are 0), the result is rounded once at the
+// store; f64 is f64 throughout (exp in f64, f64 accumulators).
 // Special values, as PyTorch: a row with a NaN, an all -inf row, or a row holding +inf gives NaN
-// everywhere (explicitly: Highway's Exp maps NaN to 0, so NaN is never left to flow through it).
+// everywhere (explicitly, from the max pass: NaN is never left to flow through exp).
 // Such a row's saved max is NaN, -inf, +inf respectively, so "m is not finite" is exactly "the
 // forward row is NaN", and the backward writes NaN there.
 
@@ -110,7 +111,7 @@ template <class TC> void save_stats(bool nan, TC m, TC s, TC* st) {
 #define HWY_TARGET_INCLUDE "cpu/softmax.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
-#include "hwy/contrib/math/math-inl.h"
+#include "cpu/simd_exp-inl.h"
 #include "cpu/simd_half-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -130,35 +131,24 @@ template <class C> HWY_INLINE C* Scratch(size_t n) {
 
 // ---- reductions over one contiguous run (four accumulators, one horizontal reduce) -----------
 
-/// Max of x[0, n) and whether any element is NaN (Highway's Max does not propagate NaN).
-template <class T> HWY_INLINE TC<T> RunMax(const T* HWY_RESTRICT x, size_t n, bool* has_nan) {
+/// Max of x[0, n). With a NaN in x the result is unspecified (Highway's Max does not propagate
+/// NaN): callers find the NaN in the sum of exp(x - max) instead, which exp keeps NaN.
+template <class T> HWY_INLINE TC<T> RunMax(const T* HWY_RESTRICT x, size_t n) {
   const DC<T> d;
   const size_t N = hn::Lanes(d);
   const auto ninf = hn::Set(d, -std::numeric_limits<TC<T>>::infinity());
   auto m0 = ninf, m1 = ninf, m2 = ninf, m3 = ninf;
-  auto nan = hn::FirstN(d, 0);
   size_t i = 0;
   for (; i + 4 * N <= n; i += 4 * N) {
-    const auto v0 = LoadAs(d, x + i), v1 = LoadAs(d, x + i + N);
-    const auto v2 = LoadAs(d, x + i + 2 * N), v3 = LoadAs(d, x + i + 3 * N);
-    m0 = hn::Max(m0, v0);
-    m1 = hn::Max(m1, v1);
-    m2 = hn::Max(m2, v2);
-    m3 = hn::Max(m3, v3);
-    nan = hn::Or(nan, hn::Or(hn::Or(hn::IsNaN(v0), hn::IsNaN(v1)),
-                             hn::Or(hn::IsNaN(v2), hn::IsNaN(v3))));
+    m0 = hn::Max(m0, LoadAs(d, x + i));
+    m1 = hn::Max(m1, LoadAs(d, x + i + N));
+    m2 = hn::Max(m2, LoadAs(d, x + i + 2 * N));
+    m3 = hn::Max(m3, LoadAs(d, x + i + 3 * N));
   }
-  for (; i + N <= n; i += N) {
-    const auto v = LoadAs(d, x + i);
-    m0 = hn::Max(m0, v);
-    nan = hn::Or(nan, hn::IsNaN(v));
-  }
+  for (; i + N <= n; i += N) m0 = hn::Max(m0, LoadAs(d, x + i));
   if (i < n) {  // the zero-filled lanes past the end must not raise the max
-    const auto v = hn::IfThenElse(hn::FirstN(d, n - i), LoadAsN(d, x + i, n - i), ninf);
-    m0 = hn::Max(m0, v);
-    nan = hn::Or(nan, hn::IsNaN(v));
+    m0 = hn::Max(m0, hn::IfThenElse(hn::FirstN(d, n - i), LoadAsN(d, x + i, n - i), ninf));
   }
-  *has_nan = !hn::AllFalse(d, nan);
   return hn::GetLane(hn::MaxOfLanes(d, hn::Max(hn::Max(m0, m1), hn::Max(m2, m3))));
 }
 
@@ -174,10 +164,10 @@ HWY_INLINE TC<T> RunSumExp(const T* HWY_RESTRICT x, size_t n, TC<T> m, TC<T>* HW
   size_t i = 0;
   for (; i + 4 * N <= n; i += 4 * N) {
     if (pf) PrefetchBytes(pf + i, 4 * N * sizeof(T));
-    const auto e0 = hn::Exp(d, hn::Sub(LoadAs(d, x + i), vm));
-    const auto e1 = hn::Exp(d, hn::Sub(LoadAs(d, x + i + N), vm));
-    const auto e2 = hn::Exp(d, hn::Sub(LoadAs(d, x + i + 2 * N), vm));
-    const auto e3 = hn::Exp(d, hn::Sub(LoadAs(d, x + i + 3 * N), vm));
+    const auto e0 = ExpNoSubnormal(d, hn::Sub(LoadAs(d, x + i), vm));
+    const auto e1 = ExpNoSubnormal(d, hn::Sub(LoadAs(d, x + i + N), vm));
+    const auto e2 = ExpNoSubnormal(d, hn::Sub(LoadAs(d, x + i + 2 * N), vm));
+    const auto e3 = ExpNoSubnormal(d, hn::Sub(LoadAs(d, x + i + 3 * N), vm));
     if constexpr (kStore) {
       hn::StoreU(e0, d, e + i);
       hn::StoreU(e1, d, e + i + N);
@@ -190,13 +180,13 @@ HWY_INLINE TC<T> RunSumExp(const T* HWY_RESTRICT x, size_t n, TC<T> m, TC<T>* HW
     s3 = hn::Add(s3, e3);
   }
   for (; i + N <= n; i += N) {
-    const auto e0 = hn::Exp(d, hn::Sub(LoadAs(d, x + i), vm));
+    const auto e0 = ExpNoSubnormal(d, hn::Sub(LoadAs(d, x + i), vm));
     if constexpr (kStore) hn::StoreU(e0, d, e + i);
     s0 = hn::Add(s0, e0);
   }
   if (i < n) {  // lanes past the end hold exp(0 - m): masked out of the sum
     const auto e0 =
-        hn::IfThenElseZero(hn::FirstN(d, n - i), hn::Exp(d, hn::Sub(LoadAsN(d, x + i, n - i), vm)));
+        hn::IfThenElseZero(hn::FirstN(d, n - i), ExpNoSubnormal(d, hn::Sub(LoadAsN(d, x + i, n - i), vm)));
     if constexpr (kStore) hn::StoreU(e0, d, e + i);  // the scratch row is padded to whole vectors
     s0 = hn::Add(s0, e0);
   }
@@ -205,7 +195,7 @@ HWY_INLINE TC<T> RunSumExp(const T* HWY_RESTRICT x, size_t n, TC<T> m, TC<T>* HW
 
 /// y = exp((x - m) - l): a row's softmax recomputed from its saved stats, vm = Set(m), vl = Set(l).
 template <class D, class V> HWY_INLINE V YFromStats(D d, V vx, V vm, V vl) {
-  return hn::Exp(d, hn::Sub(hn::Sub(vx, vm), vl));
+  return ExpNoSubnormal(d, hn::Sub(hn::Sub(vx, vm), vl));
 }
 
 /// sum dy * y over [0, n), y = exp((x - m) - l) recomputed from the saved stats (the softmax
@@ -300,7 +290,7 @@ HWY_INLINE void WriteFromX(const T* HWY_RESTRICT x, T* HWY_RESTRICT y, size_t n,
   const auto vm = hn::Set(d, m), vc = hn::Set(d, c);
   auto f = [&](auto v) {
     if constexpr (kLog) return hn::Sub(hn::Sub(v, vm), vc);
-    else return hn::Mul(hn::Exp(d, hn::Sub(v, vm)), vc);
+    else return hn::Mul(ExpNoSubnormal(d, hn::Sub(v, vm)), vc);
   };
   MapStore<kStream>(d, y, 0, n, [&](size_t i, size_t k) {
     return f(k == N ? LoadAs(d, x + i) : LoadAsN(d, x + i, k));
@@ -346,16 +336,15 @@ HWY_INLINE void WriteBwdFromX(const T* HWY_RESTRICT x, const T* HWY_RESTRICT dy,
 
 /// (max, sum exp(x - max)) of one chunk; max is NaN when the chunk holds a NaN.
 template <class T> HWY_INLINE void ChunkStats(const T* x, size_t n, TC<T>* m, TC<T>* s) {
-  bool nan = false;
-  *m = RunMax(x, n, &nan);
-  if (nan) {
-    *m = std::numeric_limits<TC<T>>::quiet_NaN();
-    *s = 0;
-    return;
-  }
+  using C = TC<T>;
+  *m = RunMax(x, n);
   // An all -inf chunk: exp(-inf - -inf) would be NaN; it contributes nothing.
-  *s = std::isfinite(*m) ? RunSumExp<false>(x, n, *m, static_cast<TC<T>*>(nullptr))
-                         : (*m > 0 ? std::numeric_limits<TC<T>>::infinity() : TC<T>(0));
+  *s = std::isfinite(*m) ? RunSumExp<false>(x, n, *m, static_cast<C*>(nullptr))
+                         : (*m > 0 ? std::numeric_limits<C>::infinity() : C(0));
+  if (std::isnan(*s) || std::isnan(*m)) {  // a NaN in the chunk (the sum keeps it)
+    *m = std::numeric_limits<C>::quiet_NaN();
+    *s = 0;
+  }
 }
 
 /// One whole row of the forward; writes the row's stats st[0, 2). pf (or null): the next row's
@@ -364,20 +353,16 @@ template <bool kStream, class T>
 void FwdRow(const T* x, T* y, size_t D, bool log, TC<T>* st, const T* pf) {
   using C = TC<T>;
   if (D <= sd::kScratchElems) {
-    bool nan = false;
-    const C m = RunMax(x, D, &nan);
-    if (nan || !std::isfinite(m)) {
-      sd::save_stats(nan, m, C(1), st);
+    const C m = RunMax(x, D);
+    if (!std::isfinite(m)) {  // NaN, all -inf, or +inf
+      sd::save_stats(std::isnan(m), m, C(1), st);
       return FillNaN(y, D);
     }
-    if (log) {
-      const C s = RunSumExp<false>(x, D, m, static_cast<C*>(nullptr), pf);
-      sd::save_stats(false, m, s, st);
-      return WriteFromX<true, kStream>(x, y, D, m, st[1]);
-    }
-    C* e = Scratch<C>(D + hn::Lanes(DC<T>()));
-    const C s = RunSumExp<true>(x, D, m, e, pf);
-    sd::save_stats(false, m, s, st);
+    C* e = log ? nullptr : Scratch<C>(D + hn::Lanes(DC<T>()));
+    const C s = log ? RunSumExp<false>(x, D, m, e, pf) : RunSumExp<true>(x, D, m, e, pf);
+    sd::save_stats(std::isnan(s), m, s, st);
+    if (std::isnan(s)) return FillNaN(y, D);  // a NaN in the row (exp(NaN - m) is NaN)
+    if (log) return WriteFromX<true, kStream>(x, y, D, m, st[1]);
     return WriteScaled<kStream>(e, y, D, C(1) / s);  // s >= 1: the max term is exp(0)
   }
   sd::MaxSum<C> acc;
@@ -522,6 +507,19 @@ void SoftmaxBwd(const sd::Job& j, sd::Phase phase, size_t begin, size_t end) {
   }
 }
 
+/// The test hook's body: y = ExpNoSubnormal(t) over n contiguous f32 or f64 values.
+template <class C> void ExpRun(const C* t, C* y, size_t n) {
+  const hn::ScalableTag<C> d;
+  MapStore<false>(d, y, 0, n, [&](size_t i, size_t k) {
+    return ExpNoSubnormal(d, k == hn::Lanes(d) ? hn::LoadU(d, t + i) : LoadAsN(d, t + i, k));
+  });
+}
+int64_t ExpForTest(const void* t, void* y, bool f64, size_t n) {
+  if (f64) ExpRun(static_cast<const double*>(t), static_cast<double*>(y), n);
+  else ExpRun(static_cast<const float*>(t), static_cast<float*>(y), n);
+  return HWY_TARGET;
+}
+
 }  // namespace taper::cpu::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -529,6 +527,12 @@ HWY_AFTER_NAMESPACE();
 namespace taper::cpu {
 HWY_EXPORT(SoftmaxFwd);
 HWY_EXPORT(SoftmaxBwd);
+HWY_EXPORT(ExpForTest);
+
+int64_t softmax_exp_for_test(const void* t, void* y, DType dt, size_t n) {
+  TAPER_ASSERT(dt == DType::F32 || dt == DType::F64);
+  return HWY_DYNAMIC_DISPATCH(ExpForTest)(t, y, dt == DType::F64, n);
+}
 
 namespace softmax_detail {
 namespace {

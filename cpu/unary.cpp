@@ -36,6 +36,7 @@
 
 #include "hwy/highway.h"
 #include "hwy/contrib/math/math-inl.h"
+#include "cpu/simd_exp-inl.h"
 #include "cpu/simd_half-inl.h"
 
 #ifndef TAPER_CPU_UNARY_ONCE_H_
@@ -204,9 +205,9 @@ HWY_INLINE void TwoProd(D d, hn::Vec<D> a, hn::Vec<D> b, hn::Vec<D>& p, hn::Vec<
 // The coefficients below were fitted offline with mpmath (50 digits): a linearised
 // least-squares fit in relative error on 200-400 Chebyshev nodes, reweighted (Lawson) towards
 // minimax, then (kGeluQ, kGeluR) the coefficients rounded to f32 one at a time, leading first,
-// refitting the remaining ones after each rounding (kGeluExp: rounded at once). Max relative
-// error of each fit with its f32 coefficients (exact arithmetic): kGeluQ 1.4e-9 (of F), kGeluR
-// 2.8e-8 (R; the f32 R(0) alone is 2.8e-8 off), kGeluExp 3.9e-9.
+// refitting the remaining ones after each rounding. Max relative error of each fit with its f32
+// coefficients (exact arithmetic): kGeluQ 1.4e-9 (of F), kGeluR 2.8e-8 (R; the f32 R(0) alone
+// is 2.8e-8 off). exp's S (kExpSF32, simd_exp-inl.h, shared with the softmax) 3.9e-9.
 
 // F(t) = (1 + c t) Phi(-t) exp(t^2/2), c = f32(sqrt(pi/2)), t in [0, 14.5]: flat (0.5 at both
 // ends, at most 0.593), so F = 0.5 + f(q) with f a polynomial in q = (t - 4)/(t + 4) in
@@ -219,9 +220,6 @@ constexpr float kGeluQ[12] = {
 };
 // R(u) = erf(x/sqrt2) / (2x), u = x^2 in [0, 0.25]: gelu(x) = 0.5x + u R(u) for |x| < 0.5.
 constexpr float kGeluR[4] = {0.398942292f, -0.0664907321f, 0.0099723693f, -0.00115003239f};
-// exp(r) = 1 + r + r^2 S(r) on |r| <= ln2/2 + 0.001.
-constexpr float kGeluExp[5] = {0.49999994f, 0.166665196f, 0.0416684076f, 0.00836891402f,
-                               0.00138141855f};
 
 /// gelu_erf(x) = 0.5 x erfc(-x/sqrt2) in f32 lanes (for f32, bf16, f16 data).
 ///
@@ -268,9 +266,7 @@ struct GeluErfF32 {
     const V nf = hn::Round(hn::Mul(a, hn::Set(d, 1.44269504f)));
     const V r = hn::MulAdd(nf, hn::Set(d, -0.693145751953125f), a);
     const V rlo = hn::MulAdd(nf, hn::Set(d, -1.42860677e-6f), alo);
-    V ps = hn::Set(d, kGeluExp[4]);
-    for (int k = 3; k >= 0; --k) ps = hn::MulAdd(ps, r, hn::Set(d, kGeluExp[k]));
-    V e1 = hn::MulAdd(ps, hn::Mul(r, r), r);          // exp(r) - 1
+    V e1 = ExpM1Reduced(d, r);                          // exp(r) - 1
     e1 = hn::Add(hn::MulAdd(rlo, e1, rlo), e1);        // exp(r + rlo) - 1
 
     // G = num / den, num = t F = 0.5t + t f = num + dn, den = 1 + c t = den + dd exactly.
@@ -392,8 +388,7 @@ HWY_INLINE void Apply(D d, const T* HWY_RESTRICT in, T* HWY_RESTRICT out, size_t
   for (; i + 2 * N <= n; i += 2 * N) {
     const auto x0 = LoadAs(d, in + i);
     const auto x1 = LoadAs(d, in + i + N);
-    StoreFrom(d, op(d, x0), out + i);
-    StoreFrom(d, op(d, x1), out + i + N);
+    StoreFrom2<false>(d, op(d, x0), op(d, x1), out + i);
   }
   for (; i + N <= n; i += N) StoreFrom(d, op(d, LoadAs(d, in + i)), out + i);
   if (i < n) StoreFromN(d, op(d, LoadAsN(d, in + i, n - i)), out + i, n - i);

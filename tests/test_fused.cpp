@@ -21,12 +21,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "cpu/copy_cast_ref.h"  // the SIMD-target test hooks
 #include "cpu/cpu_common.h"
 #include "cpu/fused_ref.h"
 #include "tests/test_util.h"
@@ -549,6 +551,41 @@ const KernelSlot& cpu_kernel(OpId id) {
 OpId fwd_of(bool log) { return log ? OpId::log_softmax_last_dim : OpId::softmax_last_dim; }
 OpId bwd_of(bool log) { return log ? OpId::log_softmax_last_dim_bwd : OpId::softmax_last_dim_bwd; }
 
+/// The f64 reference of a softmax (log-softmax) backward and the per-element scale of its
+/// rounding-floor bound: y recomputed in the compute type carries (1 + |x - m| + |l|) u_c.
+struct BwdExpected {
+  std::vector<double> dx, scale;
+};
+
+BwdExpected softmax_bwd_reference(const Tensor& x, const Tensor& dy, bool log) {
+  const size_t R = x.dims()[0], D = x.dims()[1];
+  const std::vector<double> xv = values(x), dyv = values(dy);
+  const std::vector<double> lv = ref::logsumexp(xv, R, D);
+  BwdExpected e;
+  e.dx = log ? ref::log_softmax_bwd(xv, dyv, D) : ref::softmax_bwd(xv, dyv, D);
+  e.scale.resize(xv.size());
+  for (size_t r = 0; r < R; ++r) {
+    const double m = *std::max_element(xv.begin() + r * D, xv.begin() + (r + 1) * D);
+    double acc = 0, acc_abs = 0;  // the row's sum and the bound on its error, in u_c units
+    const double l = lv[r] - m;
+    for (size_t i = 0; i < D; ++i) {
+      const size_t j = r * D + i;
+      const double y = std::exp(xv[j] - lv[r]);
+      const double a = 1.0 + std::abs(xv[j] - m) + std::abs(l);
+      acc += log ? dyv[j] : dyv[j] * y;
+      acc_abs += log ? std::abs(dyv[j]) : std::abs(dyv[j] * y) * a;
+    }
+    for (size_t i = 0; i < D; ++i) {
+      const size_t j = r * D + i;
+      const double y = std::exp(xv[j] - lv[r]);
+      const double a = 1.0 + std::abs(xv[j] - m) + std::abs(l);
+      e.scale[j] = log ? std::abs(dyv[j]) + y * (a * std::abs(acc) + acc_abs)
+                       : y * (a * std::abs(dyv[j] - acc) + acc_abs);
+    }
+  }
+  return e;
+}
+
 TEST_P(SoftmaxBwdKernel, MatchesReference) {
   const auto [log, dt] = GetParam();
   const OpId id = bwd_of(log);
@@ -574,41 +611,16 @@ TEST_P(SoftmaxBwdKernel, MatchesReference) {
       const std::vector<Tensor> fwd = kf.fn({x}, OpAttrs{});
       ASSERT_EQ(fwd.size(), 2u);
       const Tensor& stats = fwd[1];
-      const std::vector<double> xv = values(x), dyv = values(dy);
-      const std::vector<double> lv = ref::logsumexp(xv, R, D);
-      std::vector<double> mv(R);
-      for (size_t r = 0; r < R; ++r)
-        mv[r] = *std::max_element(xv.begin() + r * D, xv.begin() + (r + 1) * D);
-      const std::vector<double> want =
-          log ? ref::log_softmax_bwd(xv, dyv, D) : ref::softmax_bwd(xv, dyv, D);
-      std::vector<double> scale(xv.size());
-      for (size_t r = 0; r < R; ++r) {
-        double acc = 0, acc_abs = 0;  // the row's sum and the bound on its error, in u_c units
-        const double l = lv[r] - mv[r];
-        for (size_t i = 0; i < D; ++i) {
-          const size_t j = r * D + i;
-          const double y = std::exp(xv[j] - lv[r]);
-          const double a = 1.0 + std::abs(xv[j] - mv[r]) + std::abs(l);
-          acc += log ? dyv[j] : dyv[j] * y;
-          acc_abs += log ? std::abs(dyv[j]) : std::abs(dyv[j] * y) * a;
-        }
-        for (size_t i = 0; i < D; ++i) {
-          const size_t j = r * D + i;
-          const double y = std::exp(xv[j] - lv[r]);
-          const double a = 1.0 + std::abs(xv[j] - mv[r]) + std::abs(l);
-          scale[j] = log ? std::abs(dyv[j]) + y * (a * std::abs(acc) + acc_abs)
-                         : y * (a * std::abs(dyv[j] - acc) + acc_abs);
-        }
-      }
+      const BwdExpected e = softmax_bwd_reference(x, dy, log);
       const std::vector<Tensor> out = k.fn({x, stats, dy}, OpAttrs{});
       ASSERT_EQ(out.size(), 1u);
       EXPECT_EQ(out[0].dtype(), dt);
       EXPECT_TRUE(out[0].shape() == s);
-      EXPECT_TRUE(at_floor(values(out[0]), want, scale, dt));
+      EXPECT_TRUE(at_floor(values(out[0]), e.dx, e.scale, dt));
       if (R > 1 && D > 1 && R * D < 100000) {  // transposed x and dy, via dispatch
         const Tensor dxt = dispatch1(id, {with_layout(x, LayoutKind::Transposed), stats,
                                           with_layout(dy, LayoutKind::Transposed)});
-        EXPECT_TRUE(at_floor(values(dxt), want, scale, dt)) << "transposed";
+        EXPECT_TRUE(at_floor(values(dxt), e.dx, e.scale, dt)) << "transposed";
       }
     }
   }
@@ -778,6 +790,110 @@ TEST(FusedPrecision, Bf16NormsWithOffsetInput) {
       EXPECT_TRUE(testing::all_close(values(out[2]), e.rstd, kNoise * compute_u(DType::BF16), 0.0));
     }
   }
+}
+
+// ---- every Highway target --------------------------------------------------------------------
+
+// The tests above run on the best target of this CPU; these repeat the kernels' core checks with
+// dispatch restricted to each compiled target in turn (SSE4 and the scalar target have no FMA,
+// narrower vectors and other pairings of the stores).
+template <class F> void for_each_target(const F& body) {
+  const std::vector<int64_t> targets = cpu::simd_targets_for_test();
+  ASSERT_FALSE(targets.empty());
+  for (int64_t t : targets) {
+    SCOPED_TRACE(cpu::simd_target_name(t));
+    cpu::set_simd_target_for_test(t);
+    body(t);
+  }
+  cpu::set_simd_target_for_test(0);
+}
+
+// The softmax family's exp (cpu/simd_exp-inl.h): within 2 ulp of exp from ln of the smallest
+// normal (rounded down) to 0, 0 below it, NaN kept, exp(-inf) = 0, exp(0) = exp(-0) = 1. f32: every
+// 4099th f32 of [-87.34, 0) and the edges; f64: 2^16 points spread over [-708.4, 0) and powers of
+// two down to 2^-60.
+TEST(FusedTargets, SoftmaxExpWithinTwoUlp) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (DType dt : {DType::F32, DType::F64}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const bool f32 = dt == DType::F32;
+    const double lo = f32 ? -0x1.5d58ap+6 : -0x1.6232bdd7abcd3p+9;
+    std::vector<double> t = {0.0, -0.0, -1e-30, -0.5, -1.0, -10.0, lo, -inf, nan, -1e30};
+    for (double e : {lo, f32 ? -88.0 : -709.0, f32 ? -103.0 : -745.0, -1e4}) t.push_back(e);
+    for (double v : {std::nextafter(lo, 0.0), std::nextafter(lo, -inf)}) t.push_back(v);
+    if (f32) {
+      t.back() = static_cast<double>(std::nextafter(static_cast<float>(lo), -100.0f));
+      t[t.size() - 2] = static_cast<double>(std::nextafter(static_cast<float>(lo), 0.0f));
+      for (uint32_t b = 0x80000001u; b < 0xc2aeac50u; b += 4099) {
+        float f;
+        std::memcpy(&f, &b, sizeof f);
+        t.push_back(f);
+      }
+    } else {
+      for (int i = 0; i < 65536; ++i) t.push_back(lo * (i + 0.5) / 65536);
+      for (int k = 1; k <= 60; ++k) t.push_back(-std::ldexp(1.0, -k));
+    }
+    const size_t n = t.size();
+    for_each_target([&](int64_t target) {
+      std::vector<double> got(n);
+      if (f32) {
+        std::vector<float> tf(t.begin(), t.end()), yf(n);
+        ASSERT_EQ(cpu::softmax_exp_for_test(tf.data(), yf.data(), dt, n), target);
+        got.assign(yf.begin(), yf.end());
+      } else {
+        ASSERT_EQ(cpu::softmax_exp_for_test(t.data(), got.data(), dt, n), target);
+      }
+      double worst = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const double ti = f32 ? static_cast<double>(static_cast<float>(t[i])) : t[i];
+        SCOPED_TRACE("exp(" + std::to_string(ti) + ")");
+        if (std::isnan(ti)) {
+          ASSERT_TRUE(std::isnan(got[i]));
+        } else if (ti < lo) {
+          ASSERT_EQ(got[i], 0.0);
+        } else {
+          const double want = static_cast<double>(std::exp(static_cast<long double>(ti)));
+          const double ulps = std::abs(got[i] - want) / ulp_at(dt, want);
+          worst = std::max(worst, ulps);
+          ASSERT_LE(ulps, 2.0) << "got " << got[i] << " want " << want;
+        }
+      }
+      ASSERT_EQ(got[0], 1.0);
+      ASSERT_EQ(got[1], 1.0);
+      RecordProperty(std::string("worst_ulp_") + std::string(dtype_name(dt)) + "_" +
+                         cpu::simd_target_name(target),
+                     std::to_string(worst));
+    });
+  }
+}
+
+// Every fused op and dtype, forward (fused against the reference and the composed form) and the
+// softmax backward kernels, on odd shapes, on each target.
+TEST(FusedTargets, KernelsMatchReference) {
+  for_each_target([&](int64_t) {
+    uint64_t seed = 900;
+    for (FOp op : {FOp::Softmax, FOp::LogSoftmax, FOp::RmsNorm, FOp::LayerNorm, FOp::GroupNorm}) {
+      for (DType dt : kDTypes) {
+        const std::vector<Shape> shapes = op == FOp::GroupNorm
+                                              ? std::vector<Shape>{Shape({2, 6, 7}), Shape({1, 4, 1001})}
+                                              : std::vector<Shape>{Shape({3, 33}), Shape({2, 1001})};
+        for (const Shape& s : shapes) {
+          SCOPED_TRACE(std::string(fop_name(op)) + " " + std::string(dtype_name(dt)) + " " +
+                       s.to_string());
+          const Problem p = make_problem(op, dt, s, ++seed, true, 2);
+          check_problem(p, reference(p));
+          if (is_norm(op)) continue;
+          const bool log = op == FOp::LogSoftmax;
+          const Tensor dy = Tensor::randn(s, dt, Device::cpu(), ++seed);
+          const std::vector<Tensor> fwd = cpu_kernel(fwd_of(log)).fn({p.x}, OpAttrs{});
+          const BwdExpected e = softmax_bwd_reference(p.x, dy, log);
+          const Tensor dx = cpu_kernel(bwd_of(log)).fn({p.x, fwd[1], dy}, OpAttrs{})[0];
+          EXPECT_TRUE(at_floor(values(dx), e.dx, e.scale, dt)) << "backward";
+        }
+      }
+    }
+  });
 }
 
 }  // namespace
