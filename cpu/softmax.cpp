@@ -423,11 +423,13 @@ template <bool kStream, class T>
 void BwdRow(const T* x, const T* dy, T* dx, size_t D, bool log, TC<T> m, TC<T> l, const T* pfx,
             const T* pfdy) {
   using C = TC<T>;
-  // Log-softmax needs y only once, after the sum of dy: for f32/f64 one pass over x and dy is the
-  // fastest; for bf16/f16, computing y in the 4x-unrolled sum loop into the scratch row is
-  // (measured on (4096, 4096), one thread, scratch vs one pass: bf16 12.5 vs 16.5 ms, f32 19 vs
-  // 17 ms).
-  const bool scratch = D <= sd::kScratchElems && (!log || sizeof(T) == 2);
+  // Keep y = exp((x - m) - l) from the sum pass in an f32/f64 scratch row for the write pass, or
+  // recompute it there from x? For bf16/f16 the scratch row wins (it saves the widening and the
+  // exp; (4096, 4096) fwd+bwd 5.7 vs 7.3 ms, (1024, 32768) 10.4 vs 13.4 ms), and for the f64
+  // softmax (its exp is dearer: 17.7 vs 20.1 ms). For f32, whose row is as large as the scratch,
+  // recomputing wins (8.1 vs 8.9 ms, and 19.9 vs 25.2 ms once the row no longer fits L1). The f32
+  // and f64 log-softmax need y only once, after the sum of dy, so they never keep it.
+  const bool scratch = D <= sd::kScratchElems && (sizeof(T) == 2 || (sizeof(T) == 8 && !log));
   if (scratch) {  // y = exp((x - m) - l) once, with the sum, kept for the write
     C* e = Scratch<C>(D + hn::Lanes(DC<T>()));
     if (log) {
