@@ -50,6 +50,15 @@ const MatCase kMatCases[] = {
     {"b_shared_folds", {4, 5, 8}, {8, 3}},
     {"a_broadcast", {1, 5, 8}, {4, 8, 3}},
     {"row_vector", {2, 1, 40}, {2, 40, 1}},
+    // matrix-vector products (GEMV), every transposition of the stored operands
+    {"matvec", {300, 257}, {257, 1}},
+    {"matvec_a_t", {257, 300}, {257, 1}, true, false},
+    {"matvec_b_t", {300, 257}, {1, 257}, false, true},
+    {"matvec_folds", {4, 50, 33}, {33, 1}},
+    {"vecmat", {1, 257}, {257, 300}},
+    {"vecmat_a_t", {257, 1}, {257, 300}, true, false},
+    {"vecmat_b_t", {1, 257}, {300, 257}, false, true},
+    {"vecmat_both_t", {257, 1}, {300, 257}, true, true},
 };
 
 /// Batch dims, m, k, n of a x b (NumPy broadcast of the batch dims).

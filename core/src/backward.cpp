@@ -187,32 +187,37 @@ BWD(log_softmax_last_dim) {
 
 DType stat_dtype(DType dt) { return dt == DType::F64 ? DType::F64 : DType::F32; }
 
-// The norm backwards, in the stat dtype, over "rows" (a row of the last dim; group norm: a group):
-//   xhat = (x - mean) * rstd,  gw = gy * w,
-//   dx = rstd * (gw - m1 - xhat * m2),  m1 = mean_row(gw) (not for rms), m2 = mean_row(gw * xhat),
-//   dw = sum over rows of gy * xhat,  db = sum over rows of gy.
-// The row means arrive shaped to broadcast against gw (keepdim); m1 undefined for rms norm.
-Tensor norm_dx(const Tensor& gw, const Tensor& xhat, const Tensor& rstd, const Tensor& m1,
-               const Tensor& m2) {
-  Tensor inner = gw - xhat * m2;
-  if (m1.defined()) inner = inner - m1;
-  return inner * rstd;
+// The norm backwards, in the stat dtype, over "rows" (a row of the last dim; group norm: a group
+// of M = C/G * S elements), with d = x - mean (rms norm: d = x), rho = rstd, gw = gy * w:
+//   dx = rho * (gw - m1 - xhat * m2),  xhat = d * rho,  m1 = mean_row(gw) (0 for rms norm),
+//   m2 = mean_row(gw * xhat),  dw = sum over rows of gy * xhat,  db = sum over rows of gy.
+// They are computed from u = gy * rho and q = u * d, which carry every sum:
+//   dw = sum_rows(q),  rho * m1 = (u . w) / M,  rho^2 * m2 = rho * (q . w) / M  (row dots),
+//   dx = u * w - (d * k + c),  k = rho^2 * (q . w) / M,  c = (u . w) / M.
+// The row dots with w are matrix-vector products (one read of u or q; no u * w product to
+// materialize first); d stays centred, so a large mean does not cancel in dx.
+Tensor norm_dx(const Tensor& uw, const Tensor& d, const Tensor& k, const Tensor& c) {
+  Tensor t = d * k;
+  if (c.defined()) t = t + c;
+  return uw - t;
 }
 
 BWD(rms_norm) {
   const Tensor& x = in[0];
   const Tensor& w = in[1];
   const DType sd = stat_dtype(x.dtype());
-  const Tensor gy = g[0].to_dtype(sd);
-  const Tensor rstd = out[1].unsqueeze(-1);
-  const Tensor xhat = x.to_dtype(sd) * rstd;
-  const Tensor gw = has(w) ? gy * w.to_dtype(sd) : gy;
-  const Tensor m2 = (gw * xhat).mean({-1}, true);
-  Tensors r = {norm_dx(gw, xhat, rstd, Tensor(), m2).to_dtype(x.dtype()), Tensor()};
-  if (has(w)) {
-    const Tensor gx = (gy * xhat).reshape(Shape({x.elem_count() / x.dim(-1), x.dim(-1)}));
-    r[1] = gx.sum({0}).to_dtype(w.dtype());
-  }
+  const size_t dim = x.dim(-1), rows = x.elem_count() / dim;
+  const Shape rd({rows, dim});
+  const Tensor d = x.to_dtype(sd).reshape(rd);
+  const Tensor rho = out[1].reshape(Shape({rows, 1}));
+  const Tensor u = g[0].to_dtype(sd).reshape(rd) * rho;
+  const Tensor q = u * d;
+  const Tensor ws = has(w) ? w.to_dtype(sd).reshape(Shape({dim, 1})) : Tensor();
+  const Tensor qw = has(w) ? q.matmul(ws) : q.sum({1}, true);  // (rows, 1)
+  const Tensor k = rho * rho * qw * (1.0 / static_cast<double>(dim));
+  const Tensor uw = has(w) ? u * ws.reshape(Shape({dim})) : u;
+  Tensors r = {norm_dx(uw, d, k, Tensor()).reshape(x.shape()).to_dtype(x.dtype()), Tensor()};
+  if (has(w)) r[1] = q.sum({0}).to_dtype(w.dtype());
   return r;
 }
 
@@ -221,48 +226,54 @@ BWD(layer_norm) {
   const Tensor& w = in[1];
   const Tensor& b = in[2];
   const DType sd = stat_dtype(x.dtype());
-  const Tensor gy = g[0].to_dtype(sd);
-  const Tensor rstd = out[2].unsqueeze(-1);
-  const Tensor xhat = (x.to_dtype(sd) - out[1].unsqueeze(-1)) * rstd;
-  const Tensor gw = has(w) ? gy * w.to_dtype(sd) : gy;
-  const Tensor m1 = gw.mean({-1}, true), m2 = (gw * xhat).mean({-1}, true);
-  Tensors r = {norm_dx(gw, xhat, rstd, m1, m2).to_dtype(x.dtype()), Tensor(), Tensor()};
-  const Shape rows({x.elem_count() / x.dim(-1), x.dim(-1)});
-  if (has(w)) r[1] = (gy * xhat).reshape(rows).sum({0}).to_dtype(w.dtype());
-  if (has(b)) r[2] = gy.reshape(rows).sum({0}).to_dtype(b.dtype());
+  const size_t dim = x.dim(-1), rows = x.elem_count() / dim;
+  const Shape rd({rows, dim}), col({rows, 1});
+  const Tensor gy = g[0].to_dtype(sd).reshape(rd);
+  const Tensor d = x.to_dtype(sd).reshape(rd) - out[1].reshape(col);
+  const Tensor rho = out[2].reshape(col);
+  const Tensor u = gy * rho;
+  const Tensor q = u * d;
+  const Tensor ws = has(w) ? w.to_dtype(sd).reshape(Shape({dim, 1})) : Tensor();
+  const double inv = 1.0 / static_cast<double>(dim);
+  const Tensor qw = has(w) ? q.matmul(ws) : q.sum({1}, true);
+  const Tensor uw_sum = has(w) ? u.matmul(ws) : u.sum({1}, true);
+  const Tensor uw = has(w) ? u * ws.reshape(Shape({dim})) : u;
+  const Tensor dx = norm_dx(uw, d, rho * rho * qw * inv, uw_sum * inv);
+  Tensors r = {dx.reshape(x.shape()).to_dtype(x.dtype()), Tensor(), Tensor()};
+  if (has(w)) r[1] = q.sum({0}).to_dtype(w.dtype());
+  if (has(b)) r[2] = gy.sum({0}).to_dtype(b.dtype());
   return r;
 }
 
 BWD(group_norm) {
-  // x: (N, C, *) viewed as (N, C, S) per channel and (N, G, M) per group, M = C/G * S;
-  // mean, rstd: (N, G). Per-channel sums over S are row reductions (no permuted copy); the
-  // group means of gw and gw * xhat come from them: sum_c w_c * (sum_s gy, resp. gy * xhat).
+  // x: (N, C, *) viewed as (N, G, M) per group and (N, C, S) per channel, M = C/G * S;
+  // mean, rstd: (N, G). The sums over S are row reductions (no permuted copy); the group dots
+  // with w come from them: sum_c w_c * (sum_s u, resp. q).
   const Tensor& x = in[0];
   const Tensor& w = in[1];
   const Tensor& b = in[2];
   const DType sd = stat_dtype(x.dtype());
   const size_t n = x.dim(0), c = x.dim(1), groups = static_cast<size_t>(a.i0);
   const size_t spatial = x.elem_count() / (n * c), m = x.elem_count() / (n * groups);
-  const Shape grouped({n, groups, m});
-  const Shape chan({n, c, spatial});
-  const Tensor gy = g[0].to_dtype(sd).reshape(chan);
-  const Tensor rstd = out[2].unsqueeze(-1);
-  const Tensor xhat =
-      ((x.to_dtype(sd).reshape(grouped) - out[1].unsqueeze(-1)) * rstd).reshape(chan);
+  const Shape grouped({n, groups, m}), chan({n, c, spatial});
+  const Tensor gy = g[0].to_dtype(sd).reshape(grouped);
+  const Tensor rho = out[2].unsqueeze(-1);  // (N, G, 1)
+  const Tensor d = x.to_dtype(sd).reshape(grouped) - out[1].unsqueeze(-1);
+  const Tensor u = gy * rho;
+  const Tensor q = u * d;
   const Tensor ws = has(w) ? w.to_dtype(sd) : Tensor();
-  const Tensor gw = has(w) ? gy * ws.reshape(Shape({1, c, 1})) : gy;
-  const Tensor gy_c = gy.sum({2});           // (N, C)
-  const Tensor u_c = (gy * xhat).sum({2});   // (N, C)
-  auto group_mean = [&](const Tensor& per_chan) {  // (N, C) -> (N, G, 1), weighted by w
+  const Tensor u_c = u.reshape(chan).sum({2});  // (N, C)
+  const Tensor q_c = q.reshape(chan).sum({2});  // (N, C)
+  auto group_dot = [&](const Tensor& per_chan) {  // (N, C) -> (N, G, 1): sum_c w_c * per_chan
     const Tensor t = has(w) ? per_chan * ws : per_chan;
-    const Tensor per_group = t.reshape(Shape({n, groups, c / groups})).sum({2}, true);
-    return per_group * (1.0 / static_cast<double>(m));
+    return t.reshape(Shape({n, groups, c / groups})).sum({2}, true);
   };
-  const Tensor dx = norm_dx(gw.reshape(grouped), xhat.reshape(grouped), rstd, group_mean(gy_c),
-                            group_mean(u_c));
+  const double inv = 1.0 / static_cast<double>(m);
+  const Tensor uw = has(w) ? (u.reshape(chan) * ws.reshape(Shape({1, c, 1}))).reshape(grouped) : u;
+  const Tensor dx = norm_dx(uw, d, rho * rho * group_dot(q_c) * inv, group_dot(u_c) * inv);
   Tensors r = {dx.reshape(x.shape()).to_dtype(x.dtype()), Tensor(), Tensor()};
-  if (has(w)) r[1] = u_c.sum({0}).to_dtype(w.dtype());
-  if (has(b)) r[2] = gy_c.sum({0}).to_dtype(b.dtype());
+  if (has(w)) r[1] = q_c.sum({0}).to_dtype(w.dtype());
+  if (has(b)) r[2] = gy.reshape(chan).sum({2}).sum({0}).to_dtype(b.dtype());
   return r;
 }
 
