@@ -1,6 +1,7 @@
 // binary.cpp: CPU kernels of the binary elementwise ops: add sub mul div maximum minimum (all
-// dtypes), comparisons eq ne lt le gt ge (all dtypes in, u8 out: 1 or 0) and where_cond
-// (u8 mask, on_true, on_false of any one dtype).
+// dtypes), comparisons eq ne lt le gt ge (all dtypes in, u8 out: 1 or 0), where_cond
+// (u8 mask, on_true, on_false of any one dtype) and the ternary mul_add (a * b + c, float
+// dtypes, one rounding: a fused multiply-add in the compute type, then the store's rounding).
 // a, b: the same shape (the front-end has broadcast them with stride-0 views), any strides ->
 // out: that shape, contiguous.
 //
@@ -24,6 +25,8 @@
 #ifndef TAPER_CPU_BINARY_ONCE_H_
 #define TAPER_CPU_BINARY_ONCE_H_
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -152,6 +155,56 @@ void BinaryF64(int op, const double* a, const double* b, double* HWY_RESTRICT ou
   BinaryT(op, a, b, out, n, mode);
 }
 
+// ---- mul_add ----
+// a * b + c rounded once in the compute type (f32 for the half types, then the store's rounding).
+// FMA targets (AVX2, AVX-512) use the instruction; SSE4 and the scalar target have none
+// (Highway's MulAdd there is a product and a sum, two roundings), so they call std::fma per
+// element: the same bits on every target, and what the reference computes.
+#if HWY_TARGET == HWY_SSE4 || HWY_TARGET == HWY_SCALAR
+#define TAPER_MUL_ADD_HAS_FMA 0
+#else
+#define TAPER_MUL_ADD_HAS_FMA 1
+#endif
+
+/// out[i] = a[i*sa] * b[i*sb] + c[i*sc] for i < n, each stride 1 (a run) or 0 (a scalar).
+template <class T>
+HWY_INLINE void MulAddT(const T* HWY_RESTRICT a, const T* HWY_RESTRICT b, const T* HWY_RESTRICT c,
+                        T* HWY_RESTRICT out, size_t n, size_t sa, size_t sb, size_t sc) {
+  size_t i = 0;
+#if TAPER_MUL_ADD_HAS_FMA
+  const hn::ScalableTag<compute_t<T>> d;
+  const size_t N = hn::Lanes(d);
+  const auto load = [&](const T* p, size_t st, size_t at) {
+    return st == 0 ? hn::Set(d, widen(p[0])) : LoadAs(d, p + at);
+  };
+  for (; i + 2 * N <= n; i += 2 * N) {
+    const auto r0 = hn::MulAdd(load(a, sa, i), load(b, sb, i), load(c, sc, i));
+    const auto r1 = hn::MulAdd(load(a, sa, i + N), load(b, sb, i + N), load(c, sc, i + N));
+    StoreFrom2<false>(d, r0, r1, out + i);
+  }
+#endif
+  for (; i < n; ++i)
+    out[i] = round_to<T>(std::fma(widen(a[i * sa]), widen(b[i * sb]), widen(c[i * sc])));
+}
+
+void MulAddBF16(const bf16* a, const bf16* b, const bf16* c, bf16* HWY_RESTRICT out, size_t n,
+                size_t sa, size_t sb, size_t sc) {
+  MulAddT(a, b, c, out, n, sa, sb, sc);
+}
+void MulAddF16(const f16* a, const f16* b, const f16* c, f16* HWY_RESTRICT out, size_t n,
+               size_t sa, size_t sb, size_t sc) {
+  MulAddT(a, b, c, out, n, sa, sb, sc);
+}
+void MulAddF32(const float* a, const float* b, const float* c, float* HWY_RESTRICT out, size_t n,
+               size_t sa, size_t sb, size_t sc) {
+  MulAddT(a, b, c, out, n, sa, sb, sc);
+}
+void MulAddF64(const double* a, const double* b, const double* c, double* HWY_RESTRICT out,
+               size_t n, size_t sa, size_t sb, size_t sc) {
+  MulAddT(a, b, c, out, n, sa, sb, sc);
+}
+#undef TAPER_MUL_ADD_HAS_FMA
+
 }  // namespace taper::cpu::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -162,6 +215,10 @@ HWY_EXPORT(BinaryBF16);
 HWY_EXPORT(BinaryF16);
 HWY_EXPORT(BinaryF32);
 HWY_EXPORT(BinaryF64);
+HWY_EXPORT(MulAddBF16);
+HWY_EXPORT(MulAddF16);
+HWY_EXPORT(MulAddF32);
+HWY_EXPORT(MulAddF64);
 
 namespace {
 
@@ -371,6 +428,65 @@ std::vector<Tensor> where_cond_kernel(const std::vector<Tensor>& in, const OpAtt
   return {out};
 }
 
+
+void mul_add_simd(const bf16* a, const bf16* b, const bf16* c, bf16* out, size_t n, size_t sa,
+                  size_t sb, size_t sc) {
+  HWY_DYNAMIC_DISPATCH(MulAddBF16)(a, b, c, out, n, sa, sb, sc);
+}
+void mul_add_simd(const f16* a, const f16* b, const f16* c, f16* out, size_t n, size_t sa,
+                  size_t sb, size_t sc) {
+  HWY_DYNAMIC_DISPATCH(MulAddF16)(a, b, c, out, n, sa, sb, sc);
+}
+void mul_add_simd(const float* a, const float* b, const float* c, float* out, size_t n, size_t sa,
+                  size_t sb, size_t sc) {
+  HWY_DYNAMIC_DISPATCH(MulAddF32)(a, b, c, out, n, sa, sb, sc);
+}
+void mul_add_simd(const double* a, const double* b, const double* c, double* out, size_t n,
+                  size_t sa, size_t sb, size_t sc) {
+  HWY_DYNAMIC_DISPATCH(MulAddF64)(a, b, c, out, n, sa, sb, sc);
+}
+
+/// in: a, b, c of one float dtype and shape (the front-end broadcast them), any strides. Runs
+/// whose inner stride is 1 or 0 go to SIMD as they are; others are gathered first.
+std::vector<Tensor> mul_add_kernel(const std::vector<Tensor>& in, const OpAttrs&) {
+  const Tensor& a = in[0];
+  const Tensor& b = in[1];
+  const Tensor& c = in[2];
+  TAPER_ASSERT(a.dtype() == b.dtype() && b.dtype() == c.dtype());
+  TAPER_ASSERT(a.shape() == b.shape() && b.shape() == c.shape());
+  Tensor out = new_output(a.shape(), a.dtype());
+  visit_dtype(a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (is_float(dtype_of_v<T>)) {
+      const std::array<const T*, 3> base = {a.data<T>(), b.data<T>(), c.data<T>()};
+      T* po = out.data<T>();
+      for_each_block<4>(out.shape(), {&out.strides(), &a.strides(), &b.strides(), &c.strides()},
+                        [&](const std::array<int64_t, 4>& off, const std::array<int64_t, 4>& st,
+                            size_t len) {
+        std::array<const T*, 3> p;
+        std::array<size_t, 3> s;
+        bool direct = true;
+        for (size_t k = 0; k < 3; ++k) {
+          p[k] = base[k] + off[k + 1];
+          s[k] = static_cast<size_t>(st[k + 1]);
+          direct = direct && (st[k + 1] == 0 || st[k + 1] == 1);
+        }
+        if (direct) return mul_add_simd(p[0], p[1], p[2], po + off[0], len, s[0], s[1], s[2]);
+        T buf[3][kGather];
+        for (size_t at = 0; at < len; at += kGather) {
+          const size_t m = std::min(kGather, len - at);
+          for (size_t k = 0; k < 3; ++k)
+            for (size_t e = 0; e < m; ++e) buf[k][e] = p[k][static_cast<int64_t>(at + e) * st[k + 1]];
+          mul_add_simd(buf[0], buf[1], buf[2], po + off[0] + at, m, 1, 1, 1);
+        }
+      });
+    } else {
+      TAPER_ASSERT(false && "mul_add: integer dtypes are not registered");
+    }
+  });
+  return {out};
+}
+
 struct BinaryRegistrar {
   BinaryRegistrar() {
     const auto reg = [](OpId op, KernelFn fn) {
@@ -389,6 +505,7 @@ struct BinaryRegistrar {
     reg(OpId::gt, &binary_kernel<OpId::gt>);
     reg(OpId::ge, &binary_kernel<OpId::ge>);
     reg(OpId::where_cond, &where_cond_kernel);
+    register_kernel(OpId::mul_add, DeviceKind::Cpu, kFloatDTypes, &mul_add_kernel, false);
   }
 };
 const BinaryRegistrar g_binary_registrar;

@@ -81,6 +81,10 @@ inline double binary(OpId op, double a, double b) {
   }
 }
 
+/// mul_add in the compute type C (float for f32/bf16/f16, double for f64): a * b + c rounded
+/// once (std::fma); a half type then rounds the float result once more, at the store.
+template <class C> C mul_add(C a, C b, C c) { return std::fma(a, b, c); }
+
 /// where_cond: `on_true` where the mask is nonzero, else `on_false`.
 inline double where_cond(double mask, double on_true, double on_false) {
   return mask != 0.0 ? on_true : on_false;

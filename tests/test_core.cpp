@@ -105,7 +105,9 @@ TEST(Registry, EveryEntryHasAForwardAndAGradientCase) {
   for (size_t i = 0; i < kNumOps; ++i) {
     const OpDef& d = op_def(static_cast<OpId>(i));
     EXPECT_TRUE(fwd[i]) << "op " << d.name << " has no forward test case";
-    if (d.differentiable) EXPECT_TRUE(grad[i]) << "op " << d.name << " has no gradient case";
+    if (d.differentiable) {
+      EXPECT_TRUE(grad[i]) << "op " << d.name << " has no gradient case";
+    }
   }
 }
 

@@ -41,7 +41,7 @@ TAPER_COVERS(Forward, OpId::neg, OpId::abs, OpId::exp, OpId::log, OpId::sqrt, Op
              OpId::gelu_erf, OpId::silu, OpId::sin, OpId::cos, OpId::powf, OpId::affine,
              OpId::clamp, OpId::add, OpId::sub, OpId::mul, OpId::div, OpId::maximum,
              OpId::minimum, OpId::eq, OpId::ne, OpId::lt, OpId::le, OpId::gt, OpId::ge,
-             OpId::where_cond);
+             OpId::where_cond, OpId::mul_add);
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -801,6 +801,119 @@ TEST(ElementwiseWhere, ComposesWithComparisons) {
   const Tensor zero = Tensor::zeros(Shape({1}), DType::BF16);
   const Tensor y = x.gt(zero).where_cond(x, zero);
   EXPECT_EQ(values(y), values(x.relu()));
+}
+
+// ---- mul_add --------------------------------------------------------------------------------
+
+/// out against the fused multiply-add in the compute type (f32 for the half types, then one
+/// rounding to the half type; f64 for f64), element by element, exactly.
+::testing::AssertionResult check_mul_add(DType dt, const Tensor& a, const Tensor& b,
+                                         const Tensor& c, const Tensor& out) {
+  if (out.dtype() != dt) return ::testing::AssertionFailure() << "dtype " << dtype_name(out.dtype());
+  const Shape& s = out.shape();
+  const std::vector<double> av = values(a.broadcast_as(s)), bv = values(b.broadcast_as(s)),
+                            cv = values(c.broadcast_as(s)), ov = values(out);
+  for (size_t i = 0; i < ov.size(); ++i) {
+    const double want =
+        dt == DType::F64
+            ? cpu::ref::mul_add(av[i], bv[i], cv[i])
+            : round_like(dt, cpu::ref::mul_add(static_cast<float>(av[i]), static_cast<float>(bv[i]),
+                                               static_cast<float>(cv[i])));
+    if (!((std::isnan(want) && std::isnan(ov[i])) || ov[i] == want))
+      return ::testing::AssertionFailure() << "mul_add(" << av[i] << ", " << bv[i] << ", " << cv[i]
+                                           << ") at " << i << ": got " << ov[i] << " want " << want;
+  }
+  return ::testing::AssertionSuccess();
+}
+
+TEST(ElementwiseMulAdd, MatchesReferenceForEveryDtypeLayoutAndSize) {
+  for (DType dt : kFloatTypes)
+    for (size_t li = 0; li < std::size(kAllLayouts); ++li)
+      for (size_t n : kSizes) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " " + layout_name(kAllLayouts[li]) + " n=" +
+                     std::to_string(n));
+        const Shape shape = shape_for(n);
+        const auto lay = [&](size_t k) { return kAllLayouts[(li + k) % std::size(kAllLayouts)]; };
+        const Tensor a = with_layout(random_tensor(shape, dt, 7000 + n, -3.0, 3.0), lay(0));
+        const Tensor b = with_layout(random_tensor(shape, dt, 7001 + n, -3.0, 3.0), lay(1));
+        const Tensor c = with_layout(random_tensor(shape, dt, 7002 + n, -3.0, 3.0), lay(2));
+        const Tensor out = a.mul_add(b, c);
+        EXPECT_TRUE(out.is_contiguous());
+        EXPECT_TRUE(check_mul_add(dt, a, b, c, out));
+      }
+}
+
+// Every operand may be a broadcast scalar along the run (stride 0) or a full run.
+TEST(ElementwiseMulAdd, Broadcasts) {
+  const std::vector<std::array<Shape, 3>> cases = {
+      {Shape({1000, 9}), Shape({1000, 1}), Shape({1, 9})},
+      {Shape({33}), Shape({1}), Shape({1})},
+      {Shape({1}), Shape({33}), Shape({1})},
+      {Shape({1}), Shape({1}), Shape({33})},
+      {Shape({4, 1, 1029}), Shape({3, 1}), Shape({1029})},
+      {Shape({2, 3, 1}), Shape({3, 1000}), Shape({2, 1, 1})}};
+  uint64_t seed = 7100;
+  for (const auto& [sa, sb, sc] : cases)
+    for (DType dt : kFloatTypes) {
+      SCOPED_TRACE(sa.to_string() + " " + sb.to_string() + " " + sc.to_string() + " " +
+                   std::string(dtype_name(dt)));
+      const Tensor a = random_tensor(sa, dt, ++seed, -3.0, 3.0);
+      const Tensor b = random_tensor(sb, dt, ++seed, -3.0, 3.0);
+      const Tensor c = random_tensor(sc, dt, ++seed, -3.0, 3.0);
+      const Tensor out = a.mul_add(b, c);
+      ASSERT_EQ(out.shape(), broadcast_shapes(broadcast_shapes(sa, sb, "t"), sc, "t"));
+      EXPECT_TRUE(check_mul_add(dt, a, b, c, out));
+    }
+}
+
+// One rounding on every Highway target (SSE4 and the scalar target have no FMA instruction):
+// (1 + e)^2 - (1 + 2e) = e^2 is exact fused and 0 with the product rounded first.
+TEST(ElementwiseMulAdd, RoundsOnceOnEveryTarget) {
+  const std::vector<int64_t> targets = cpu::simd_targets_for_test();
+  ASSERT_FALSE(targets.empty());
+  for (int64_t t : targets) {
+    SCOPED_TRACE(cpu::simd_target_name(t));
+    cpu::set_simd_target_for_test(t);
+    for (const auto& [dt, e] : {std::pair{DType::F32, 0x1p-12}, std::pair{DType::F64, 0x1p-27}}) {
+      SCOPED_TRACE(dtype_name(dt));
+      const Tensor a = Tensor::full(Shape({37}), 1.0 + e, dt, Device::cpu());
+      const Tensor c = Tensor::full(Shape({37}), -(1.0 + 2.0 * e), dt, Device::cpu());
+      for (double v : values(a.mul_add(a, c))) ASSERT_EQ(v, e * e);
+    }
+    for (DType dt : kFloatTypes) {
+      SCOPED_TRACE(dtype_name(dt));
+      const Tensor a = random_tensor(Shape({33, 125}), dt, 7200, -3.0, 3.0);
+      const Tensor b = random_tensor(Shape({33, 125}), dt, 7201, -3.0, 3.0);
+      const Tensor c = random_tensor(Shape({125}), dt, 7202, -3.0, 3.0);
+      EXPECT_TRUE(check_mul_add(dt, a, b, c, a.mul_add(b, c)));
+      const Tensor col = c.unsqueeze(-1);  // (125, 1): a scalar per run of the transposed views
+      EXPECT_TRUE(check_mul_add(dt, a.t(), b.t(), col, a.t().mul_add(b.t(), col)));
+    }
+  }
+  cpu::set_simd_target_for_test(0);
+}
+
+TEST(ElementwiseMulAdd, BadInputNamesTheOpShapesAndDtypes) {
+  const auto message = [](const auto& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const Tensor a = random_tensor(Shape({3, 4}), DType::F32, 1);
+  const Tensor h = random_tensor(Shape({3, 4}), DType::BF16, 2);
+  const Tensor i = random_ints(Shape({3, 4}), DType::I64, 3);
+  std::string m = message([&] { (void)a.mul_add(h, a); });
+  EXPECT_NE(m.find("mul_add"), std::string::npos) << m;
+  EXPECT_NE(m.find("bf16"), std::string::npos) << m;
+  m = message([&] { (void)i.mul_add(i, i); });
+  EXPECT_NE(m.find("mul_add"), std::string::npos) << m;
+  EXPECT_NE(m.find("i64"), std::string::npos) << m;
+  m = message([&] { (void)a.mul_add(a, random_tensor(Shape({5}), DType::F32, 4)); });
+  EXPECT_NE(m.find("mul_add"), std::string::npos) << m;
+  EXPECT_NE(m.find("(5)"), std::string::npos) << m;
 }
 
 }  // namespace

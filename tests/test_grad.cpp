@@ -82,6 +82,9 @@ std::vector<GradCase> make_cases() {
         [mask](const Tensor& a, const Tensor& b) { return mask.where_cond(a, b); }, r(s, 39),
         r({5}, 40));
   }
+  c.push_back({"mul_add", OpId::mul_add,
+               [](const std::vector<Tensor>& v) { return v[0].mul_add(v[1], v[2]); },
+               {r(s, 73), r({3, 1}, 74), r({5}, 75)}});
   un("sum", OpId::sum, [](const Tensor& x) { return x.sum({0, 2}, true); }, r({2, 3, 4}, 41));
   un("max", OpId::max, [](const Tensor& x) { return x.max({1}); }, r({4, 6}, 42));
   un("min", OpId::min, [](const Tensor& x) { return x.min({0}); }, r({4, 6}, 43));

@@ -122,6 +122,7 @@ BWD(minimum) {
   const Tensor z = Tensor::zeros(Shape({1}), g[0].dtype(), g[0].device()).broadcast_as(g[0].shape());
   return {m.where_cond(g[0], z), m.where_cond(z, g[0])};
 }
+BWD(mul_add) { return {g[0] * in[1], g[0] * in[0], g[0]}; }
 BWD(where_cond) {
   const Tensor z = Tensor::zeros(Shape({1}), g[0].dtype(), g[0].device()).broadcast_as(g[0].shape());
   return {Tensor(), in[0].where_cond(g[0], z), in[0].where_cond(z, g[0])};
@@ -193,13 +194,16 @@ DType stat_dtype(DType dt) { return dt == DType::F64 ? DType::F64 : DType::F32; 
 //   m2 = mean_row(gw * xhat),  dw = sum over rows of gy * xhat,  db = sum over rows of gy.
 // They are computed from u = gy * rho and q = u * d, which carry every sum:
 //   dw = sum_rows(q),  rho * m1 = (u . w) / M,  rho^2 * m2 = rho * (q . w) / M  (row dots),
-//   dx = u * w - (d * k + c),  k = rho^2 * (q . w) / M,  c = (u . w) / M.
-// The row dots with w are matrix-vector products (one read of u or q; no u * w product to
-// materialize first); d stays centred, so a large mean does not cancel in dx.
-Tensor norm_dx(const Tensor& uw, const Tensor& d, const Tensor& k, const Tensor& c) {
-  Tensor t = d * k;
-  if (c.defined()) t = t + c;
-  return uw - t;
+//   dx = u * w + t,  t = -(d * k + c),  k = rho^2 * (q . w) / M,  c = (u . w) / M,
+// t and dx each one mul_add pass. The row dots with w are matrix-vector products (one read of
+// u or q; no u * w product to materialize first); d stays centred, so a large mean does not
+// cancel in dx.
+Tensor norm_t(const Tensor& d, const Tensor& k, const Tensor& c) {
+  return c.defined() ? d.mul_add(k.neg(), c.neg()) : d * k.neg();
+}
+/// u * wb + t; `wb` is w shaped to broadcast against u (undefined: no weight).
+Tensor norm_dx(const Tensor& u, const Tensor& wb, const Tensor& t) {
+  return wb.defined() ? u.mul_add(wb, t) : u + t;
 }
 
 BWD(rms_norm) {
@@ -215,8 +219,9 @@ BWD(rms_norm) {
   const Tensor ws = has(w) ? w.to_dtype(sd).reshape(Shape({dim, 1})) : Tensor();
   const Tensor qw = has(w) ? q.matmul(ws) : q.sum({1}, true);  // (rows, 1)
   const Tensor k = rho * rho * qw * (1.0 / static_cast<double>(dim));
-  const Tensor uw = has(w) ? u * ws.reshape(Shape({dim})) : u;
-  Tensors r = {norm_dx(uw, d, k, Tensor()).reshape(x.shape()).to_dtype(x.dtype()), Tensor()};
+  const Tensor wb = has(w) ? ws.reshape(Shape({dim})) : Tensor();
+  const Tensor dx = norm_dx(u, wb, norm_t(d, k, Tensor()));
+  Tensors r = {dx.reshape(x.shape()).to_dtype(x.dtype()), Tensor()};
   if (has(w)) r[1] = q.sum({0}).to_dtype(w.dtype());
   return r;
 }
@@ -237,8 +242,8 @@ BWD(layer_norm) {
   const double inv = 1.0 / static_cast<double>(dim);
   const Tensor qw = has(w) ? q.matmul(ws) : q.sum({1}, true);
   const Tensor uw_sum = has(w) ? u.matmul(ws) : u.sum({1}, true);
-  const Tensor uw = has(w) ? u * ws.reshape(Shape({dim})) : u;
-  const Tensor dx = norm_dx(uw, d, rho * rho * qw * inv, uw_sum * inv);
+  const Tensor wb = has(w) ? ws.reshape(Shape({dim})) : Tensor();
+  const Tensor dx = norm_dx(u, wb, norm_t(d, rho * rho * qw * inv, uw_sum * inv));
   Tensors r = {dx.reshape(x.shape()).to_dtype(x.dtype()), Tensor(), Tensor()};
   if (has(w)) r[1] = q.sum({0}).to_dtype(w.dtype());
   if (has(b)) r[2] = gy.sum({0}).to_dtype(b.dtype());
@@ -269,8 +274,9 @@ BWD(group_norm) {
     return t.reshape(Shape({n, groups, c / groups})).sum({2}, true);
   };
   const double inv = 1.0 / static_cast<double>(m);
-  const Tensor uw = has(w) ? (u.reshape(chan) * ws.reshape(Shape({1, c, 1}))).reshape(grouped) : u;
-  const Tensor dx = norm_dx(uw, d, rho * rho * group_dot(q_c) * inv, group_dot(u_c) * inv);
+  const Tensor k = rho * rho * group_dot(q_c) * inv, cm = group_dot(u_c) * inv;  // (N, G, 1)
+  const Tensor wb = has(w) ? ws.reshape(Shape({1, c, 1})) : Tensor();
+  const Tensor dx = norm_dx(u.reshape(chan), wb, norm_t(d, k, cm).reshape(chan));
   Tensors r = {dx.reshape(x.shape()).to_dtype(x.dtype()), Tensor(), Tensor()};
   if (has(w)) r[1] = q_c.sum({0}).to_dtype(w.dtype());
   if (has(b)) r[2] = gy.reshape(chan).sum({2}).sum({0}).to_dtype(b.dtype());

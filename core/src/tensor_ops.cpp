@@ -133,6 +133,16 @@ Tensor Tensor::where_cond(const Tensor& on_true, const Tensor& on_false) const {
                    {broadcast_as(s), on_true.broadcast_as(s), on_false.broadcast_as(s)});
 }
 
+Tensor Tensor::mul_add(const Tensor& b, const Tensor& c) const {
+  check_same("mul_add", *this, b);
+  check_same("mul_add", b, c);
+  TAPER_CHECK(is_float(dtype()), "mul_add: float dtypes only, got ", dtype_name(dtype()), " ",
+              shape().to_string(), ", ", b.shape().to_string(), ", ", c.shape().to_string());
+  Shape s = broadcast_shapes(shape(), b.shape(), "mul_add");
+  s = broadcast_shapes(s, c.shape(), "mul_add");
+  return dispatch1(OpId::mul_add, {broadcast_as(s), b.broadcast_as(s), c.broadcast_as(s)});
+}
+
 Tensor Tensor::sum(const std::vector<int64_t>& dims, bool keepdim) const {
   return reduce(OpId::sum, *this, dims, keepdim);
 }

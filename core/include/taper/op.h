@@ -64,6 +64,7 @@ namespace taper {
   X(gt, 2, 1, false)                          \
   X(ge, 2, 1, false)                          \
   X(where_cond, 3, 1, true)                   \
+  X(mul_add, 3, 1, true)                      \
   /* reduce */                                \
   X(sum, 1, 1, true)                          \
   X(max, 1, 1, true)                          \

@@ -159,6 +159,9 @@ class Tensor {
   Tensor ge(const Tensor& o) const;
   /// Where this (a U8 mask) is nonzero, `on_true`, else `on_false` (broadcast together).
   Tensor where_cond(const Tensor& on_true, const Tensor& on_false) const;
+  /// this * b + c (broadcast together; float dtypes), rounded once: a fused multiply-add in the
+  /// compute type (f32 for bf16/f16), as Rust's f32::mul_add.
+  Tensor mul_add(const Tensor& b, const Tensor& c) const;
 
   // ---- reductions -----------------------------------------------------------------------------
   Tensor sum(const std::vector<int64_t>& dims, bool keepdim = false) const;
