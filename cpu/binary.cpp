@@ -157,13 +157,13 @@ void BinaryF64(int op, const double* a, const double* b, double* HWY_RESTRICT ou
 
 // ---- mul_add ----
 // a * b + c rounded once in the compute type (f32 for the half types, then the store's rounding).
-// FMA targets (AVX2, AVX-512) use the instruction; SSE4 and the scalar target have none
-// (Highway's MulAdd there is a product and a sum, two roundings), so they call std::fma per
-// element: the same bits on every target, and what the reference computes.
-#if HWY_TARGET == HWY_SSE4 || HWY_TARGET == HWY_SCALAR
-#define TAPER_MUL_ADD_HAS_FMA 0
-#else
+// x86 targets from AVX2 up use the FMA instruction; the others (SSE4, EMU128, the scalar target,
+// other ISAs) call std::fma per element, since Highway's MulAdd there may be a product and a
+// sum, two roundings: the same bits on every target, and what the reference computes.
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
 #define TAPER_MUL_ADD_HAS_FMA 1
+#else
+#define TAPER_MUL_ADD_HAS_FMA 0
 #endif
 
 /// out[i] = a[i*sa] * b[i*sb] + c[i*sc] for i < n, each stride 1 (a run) or 0 (a scalar).
