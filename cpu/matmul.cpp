@@ -223,8 +223,12 @@ void gemv(bool trans, size_t rows, size_t cols, const G* a, size_t ld, const G* 
     return;
   }
   // Transposed: y = sum over the stored rows j of v[j] * (stored row j); each chunk of stored
-  // rows sums into its own partial y, added up at the end.
-  const size_t chunks = std::clamp<size_t>(rows * cols / kElemGrain, 1, std::min(num_threads(), cols));
+  // rows sums into its own partial y, added up in chunk order at the end. The chunking depends
+  // on the shape only, never on the thread count, so the result does not either. At most 64
+  // chunks, 2^22 partial elements, and one stored row a chunk.
+  constexpr size_t kChunkElems = size_t{1} << 16, kMaxChunks = 64, kMaxPartial = size_t{1} << 22;
+  const size_t cap = std::min({kMaxChunks, cols, std::max<size_t>(1, kMaxPartial / rows)});
+  const size_t chunks = std::clamp<size_t>(rows * cols / kChunkElems, 1, cap);
   std::vector<G> part(chunks * rows, G(0));
   parallel_for(chunks, 1, [&](size_t c0, size_t c1) {
     for (size_t c = c0; c < c1; ++c)

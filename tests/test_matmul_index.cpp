@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/cpu_common.h"
 #include "cpu/reduce_ref.h"
 #include "tests/test_util.h"
 
@@ -138,6 +139,28 @@ INSTANTIATE_TEST_SUITE_P(FloatDTypesLayouts, MatmulTest,
                                                               DType::F64),
                                             ::testing::ValuesIn(kAllLayouts)),
                          mat_param_name);
+
+// Matrix-vector products run on taper's pool (cpu/matmul.cpp's GEMV): the result must not
+// depend on the thread count (the fine-tuning run is bit-identical whatever the threads).
+TEST(Matmul, VectorProductsDoNotDependOnThreadCount) {
+  const size_t saved = cpu::num_threads();
+  const Tensor a = random_tensor(Shape({3001, 517}), DType::F32, 900);
+  const Tensor v = random_tensor(Shape({3001, 1}), DType::F32, 901);
+  const Tensor u = random_tensor(Shape({517, 1}), DType::F32, 902);
+  std::vector<std::vector<double>> got;
+  for (size_t threads : {1, 2, 3, 8}) {
+    cpu::set_num_threads(threads);
+    const std::vector<double> col = values(a.matmul(u));     // rows dotted with u
+    const std::vector<double> row = values(v.t().matmul(a));  // stored rows scaled and summed
+    const std::vector<double> tcol = values(a.t().matmul(v));  // the same through a transpose
+    std::vector<double> all = col;
+    all.insert(all.end(), row.begin(), row.end());
+    all.insert(all.end(), tcol.begin(), tcol.end());
+    got.push_back(all);
+  }
+  cpu::set_num_threads(saved);
+  for (size_t i = 1; i < got.size(); ++i) EXPECT_EQ(got[i], got[0]) << "thread count #" << i;
+}
 
 TEST(Matmul, EmptyInnerDimGivesZeros) {
   const Tensor a = Tensor::zeros(Shape({3, 0}), DType::F32);
