@@ -5,6 +5,7 @@
 // conversions live in simd_half-inl.h).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -113,6 +114,26 @@ inline Tensor new_output(const Shape& shape, DType dt) {
 
 /// Grain (elements) below which elementwise work is not worth splitting across threads.
 inline constexpr size_t kElemGrain = 1 << 15;
+
+/// How a row-wise kernel (softmax, the norms) splits R rows of length L into tasks.
+struct RowSplit {
+  size_t chunk;    ///< elements of a row per task (L: whole rows)
+  size_t nchunks;  ///< tasks per row (1: whole rows)
+};
+/// Whole rows when there are enough of them to keep every thread busy (R >= 2 threads) or a row
+/// is too short to split; otherwise about four tasks a thread, each chunk a multiple of 64 of at
+/// least 4096 elements and at most max_chunk (a chunk's passes stay in cache).
+inline RowSplit split_rows(size_t R, size_t L, size_t max_chunk) {
+  constexpr size_t kMinSplitChunk = 4096;  // the smallest chunk worth a task of its own
+  const size_t T = num_threads();
+  if (R == 0 || R >= 2 * T || L < 2 * kMinSplitChunk) return {L, 1};
+  const size_t per_row = (4 * T + R - 1) / R;
+  size_t chunk = (L + per_row - 1) / per_row;
+  chunk = std::min(std::max(kMinSplitChunk, (chunk + 63) / 64 * 64), max_chunk);
+  const size_t nchunks = (L + chunk - 1) / chunk;
+  if (nchunks <= 1) return {L, 1};
+  return {chunk, nchunks};
+}
 
 /// Outputs of at least this many bytes are written with streaming (non-temporal) stores by the
 /// fused kernels: past the last-level cache they would be evicted before any reader came, so

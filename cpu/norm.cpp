@@ -63,8 +63,6 @@ struct Job {
 
 /// Statistics are computed over chunks of at most this many elements (two passes over L1/L2).
 inline constexpr size_t kStatChunk = 8192;
-/// The smallest chunk worth a task of its own when a row is split across threads.
-inline constexpr size_t kMinSplitChunk = 4096;
 
 /// Chan's merge of (count, mean, M2) partials.
 template <class C> struct MeanM2 {
@@ -330,20 +328,12 @@ HWY_EXPORT(NormRun);
 namespace norm_detail {
 namespace {
 
-/// Splits rows into chunks only when there are too few rows to keep every thread busy.
+/// Splits rows into chunks only when there are too few rows to keep every thread busy; each
+/// chunk's two passes stay in cache.
 void plan(Job& j, size_t R) {
-  const size_t T = num_threads();
-  j.chunk = j.L;
-  j.nchunks = 1;
-  if (R >= 2 * T || j.L < 2 * kMinSplitChunk) return;
-  const size_t per_row = (4 * T + R - 1) / R;  // about four tasks a thread
-  size_t chunk = (j.L + per_row - 1) / per_row;
-  chunk = std::max(kMinSplitChunk, (chunk + 63) / 64 * 64);
-  chunk = std::min(chunk, kStatChunk);  // each chunk's two passes stay in cache
-  const size_t nchunks = (j.L + chunk - 1) / chunk;
-  if (nchunks <= 1) return;
-  j.chunk = chunk;
-  j.nchunks = nchunks;
+  const RowSplit s = split_rows(R, j.L, kStatChunk);
+  j.chunk = s.chunk;
+  j.nchunks = s.nchunks;
 }
 
 template <class C> void combine(const Job& j, size_t R) {

@@ -69,8 +69,6 @@ struct Job {
 inline constexpr size_t kScratchElems = 32768;
 /// Longer rows are reduced in chunks of this length: max then sum of exp, the chunk still in L1/L2.
 inline constexpr size_t kStatChunk = 8192;
-/// The smallest chunk worth a task of its own when a row is split across threads.
-inline constexpr size_t kMinSplitChunk = 4096;
 
 /// Online combination of chunk statistics: (m, s) with s = sum exp(x - m) over the chunk.
 /// A NaN m marks a chunk that made the whole row NaN.
@@ -539,20 +537,12 @@ int64_t softmax_exp_for_test(const void* t, void* y, DType dt, size_t n) {
 namespace softmax_detail {
 namespace {
 
-/// Splits rows into chunks only when there are too few rows to keep every thread busy.
+/// Splits rows into chunks only when there are too few rows to keep every thread busy; a
+/// chunk's max and sum passes stay in cache.
 void plan(Job& j, size_t R) {
-  const size_t T = num_threads();
-  j.chunk = j.D;
-  j.nchunks = 1;
-  if (R >= 2 * T || j.D < 2 * kMinSplitChunk) return;
-  const size_t per_row = (4 * T + R - 1) / R;  // about four tasks a thread
-  size_t chunk = (j.D + per_row - 1) / per_row;
-  chunk = std::max(kMinSplitChunk, (chunk + 63) / 64 * 64);
-  chunk = std::min(chunk, kScratchElems);  // a chunk's max and sum passes stay in cache
-  const size_t nchunks = (j.D + chunk - 1) / chunk;
-  if (nchunks <= 1) return;
-  j.chunk = chunk;
-  j.nchunks = nchunks;
+  const RowSplit s = split_rows(R, j.D, kScratchElems);
+  j.chunk = s.chunk;
+  j.nchunks = s.nchunks;
 }
 
 size_t row_grain(size_t D) { return std::max<size_t>(1, kElemGrain / std::max<size_t>(D, 1)); }
