@@ -179,6 +179,8 @@ class CpuBackend final : public DeviceBackend {
     std::memcpy(dst, src, n);
   }
   void synchronize(Device) override {}
+  size_t num_threads() const override { return pool().threads(); }
+  void set_num_threads(size_t n) override { pool().resize(n); }
 };
 
 struct Registrar {

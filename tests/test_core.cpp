@@ -97,6 +97,24 @@ TEST(Errors, MismatchesGiveTaperErrorsNamingOpShapesAndDTypes) {
   EXPECT_NE(e.find("cuda"), std::string::npos) << e;
 }
 
+// ---- threads ------------------------------------------------------------------------------------
+
+TEST(Threads, PublicSetterChangesTheCountAndRejectsZero) {
+  const size_t saved = num_threads();
+  EXPECT_GE(saved, 1u);
+  set_num_threads(3);
+  EXPECT_EQ(num_threads(), 3u);
+  const Tensor x = Tensor::randn({257, 1031}, DType::F32, Device::cpu(), 5);
+  const std::vector<float> three = (x * x).sum({1}).to_vector<float>();
+  set_num_threads(1);
+  EXPECT_EQ(num_threads(), 1u);
+  EXPECT_EQ((x * x).sum({1}).to_vector<float>(), three);  // the same bits on any count
+  const std::string e = error_of([] { set_num_threads(0); });
+  EXPECT_NE(e.find("set_num_threads"), std::string::npos) << e;
+  EXPECT_EQ(num_threads(), 1u);
+  set_num_threads(saved);
+}
+
 // ---- registry -----------------------------------------------------------------------------------
 
 TEST(Registry, EveryEntryHasAForwardAndAGradientCase) {

@@ -131,4 +131,10 @@ DeviceBackend& device_backend(DeviceKind kind) {
 
 bool device_available(DeviceKind kind) { return g_backends[static_cast<int>(kind)] != nullptr; }
 
+size_t num_threads() { return device_backend(DeviceKind::Cpu).num_threads(); }
+void set_num_threads(size_t n) {
+  TAPER_CHECK(n >= 1, "set_num_threads: need at least 1 thread, got ", n);
+  device_backend(DeviceKind::Cpu).set_num_threads(n);
+}
+
 }  // namespace taper

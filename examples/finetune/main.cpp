@@ -26,7 +26,6 @@
 #include <string>
 #include <vector>
 
-#include "cpu/cpu_common.h"  // set_num_threads: taper's pool and BLAS (TAPER_NUM_THREADS)
 #include "examples/finetune/bert.h"
 #include "examples/finetune/data.h"
 #include "examples/finetune/tokenizer.h"
@@ -509,7 +508,7 @@ int bench_forward(const Flags& f, Device dev, DType dt, const fs::path& model_di
   std::printf("bench-forward: MiniLM-L6 (%s, %s) batch %zu x seq %zu, %zu threads: median %.3f s "
               "per batch over %d runs (min %.3f) -> %.1f sentences/s, %.0f tokens/s; process CPU "
               "time %.3f s per batch\n",
-              f.dtype.c_str(), dev.to_string().c_str(), b, t, cpu::num_threads(), med, reps,
+              f.dtype.c_str(), dev.to_string().c_str(), b, t, taper::num_threads(), med, reps,
               times.front(), static_cast<double>(b) / med, static_cast<double>(b * t) / med, cpu_s);
   return 0;
 }
@@ -517,7 +516,7 @@ int bench_forward(const Flags& f, Device dev, DType dt, const fs::path& model_di
 int run(Flags f) {
   const auto t_start = Clock::now();
   const Device dev = pick_device(f.device);
-  if (f.threads) cpu::set_num_threads(f.threads);
+  if (f.threads) taper::set_num_threads(f.threads);
   const fs::path root = repo_root();
   const fs::path model_dir = f.model_dir.empty() ? root / ".models/all-MiniLM-L6-v2" : fs::path(f.model_dir);
   const fs::path data_dir = f.data_dir.empty()
@@ -553,7 +552,7 @@ int run(Flags f) {
   std::printf("model: all-MiniLM-L6-v2 (%zu layers, hidden %zu, %.1fM parameters), %s on %s, "
               "%zu threads\n",
               config.num_hidden_layers, config.hidden_size, model.num_parameters() / 1e6,
-              f.dtype.c_str(), dev.to_string().c_str(), cpu::num_threads());
+              f.dtype.c_str(), dev.to_string().c_str(), taper::num_threads());
   std::fflush(stdout);
 
   Batcher train_b(tok, corpus.train, f.seq_len, dev), test_b(tok, corpus.test, f.seq_len, dev);

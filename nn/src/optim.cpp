@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <set>
 #include <thread>
@@ -26,19 +25,12 @@ Tensor clone(const Tensor& t) {
   return out.to_device(c.device());
 }
 
-size_t num_threads() {
-  if (const char* e = std::getenv("TAPER_NUM_THREADS")) {
-    const long n = std::strtol(e, nullptr, 10);
-    if (n > 0) return static_cast<size_t>(n);
-  }
-  return std::max(1u, std::thread::hardware_concurrency());
-}
 
 // Runs f(begin, end) over [0, n) on a few threads when n is large (one pass over memory is
 // bandwidth-bound; a second core still helps), inline otherwise.
 template <class F> void split(size_t n, F&& f) {
   const size_t kMinPerThread = size_t(1) << 18;
-  const size_t t = std::min(num_threads(), std::max<size_t>(1, n / kMinPerThread));
+  const size_t t = std::min(taper::num_threads(), std::max<size_t>(1, n / kMinPerThread));
   if (t <= 1) return f(size_t(0), n);
   std::vector<std::thread> pool;
   const size_t chunk = (n + t - 1) / t;

@@ -48,6 +48,9 @@ class DeviceBackend {
   virtual void copy_from_host(Device dev, void* dst, const void* src, size_t nbytes) = 0;
   virtual void copy_to_host(Device dev, void* dst, const void* src, size_t nbytes) = 0;
   virtual void synchronize(Device dev) = 0;
+  /// Host threads the backend's kernels use (the CPU backend: its pool and OpenBLAS's).
+  virtual size_t num_threads() const { return 1; }
+  virtual void set_num_threads(size_t n) { (void)n; }
 };
 
 /// Registers the backend of `kind` (called once by each backend at load).
@@ -56,5 +59,11 @@ void register_device_backend(DeviceKind kind, DeviceBackend* backend);
 DeviceBackend& device_backend(DeviceKind kind);
 /// Whether a backend for `kind` is registered and has at least one device.
 bool device_available(DeviceKind kind);
+
+/// Threads of the CPU backend (its kernels, OpenBLAS and the optimizers' updates):
+/// TAPER_NUM_THREADS when set, else the hardware's count.
+size_t num_threads();
+/// Sets them (n >= 1, else an Error); call it between ops, not from inside one.
+void set_num_threads(size_t n);
 
 }  // namespace taper
