@@ -428,7 +428,6 @@ std::vector<Tensor> where_cond_kernel(const std::vector<Tensor>& in, const OpAtt
   return {out};
 }
 
-
 void mul_add_simd(const bf16* a, const bf16* b, const bf16* c, bf16* out, size_t n, size_t sa,
                   size_t sb, size_t sc) {
   HWY_DYNAMIC_DISPATCH(MulAddBF16)(a, b, c, out, n, sa, sb, sc);
