@@ -319,16 +319,11 @@ TEST(Philox, KnownAnswerVectors) {
             (A4{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}));
 }
 
-/// Restores the thread count when a test ends.
-struct ThreadsGuard {
-  size_t saved = cpu::num_threads();
-  ~ThreadsGuard() { cpu::set_num_threads(saved); }
-};
 
 constexpr DType kFloats[] = {DType::BF16, DType::F16, DType::F32, DType::F64};
 
 TEST(Rand, SameValuesWhateverTheThreadsAndMatchesReference) {
-  ThreadsGuard guard;
+  testing::ThreadsGuard guard;
   const size_t n = 100003;  // odd, and several grains: a thread boundary may split a pair
   for (DType dt : kFloats) {
     SCOPED_TRACE(dtype_name(dt));

@@ -100,8 +100,8 @@ TEST(Errors, MismatchesGiveTaperErrorsNamingOpShapesAndDTypes) {
 // ---- threads ------------------------------------------------------------------------------------
 
 TEST(Threads, PublicSetterChangesTheCountAndRejectsZero) {
-  const size_t saved = num_threads();
-  EXPECT_GE(saved, 1u);
+  ThreadsGuard guard;
+  EXPECT_GE(guard.saved, 1u);
   set_num_threads(3);
   EXPECT_EQ(num_threads(), 3u);
   const Tensor x = Tensor::randn({257, 1031}, DType::F32, Device::cpu(), 5);
@@ -112,7 +112,6 @@ TEST(Threads, PublicSetterChangesTheCountAndRejectsZero) {
   const std::string e = error_of([] { set_num_threads(0); });
   EXPECT_NE(e.find("set_num_threads"), std::string::npos) << e;
   EXPECT_EQ(num_threads(), 1u);
-  set_num_threads(saved);
 }
 
 // ---- registry -----------------------------------------------------------------------------------

@@ -267,10 +267,12 @@ TEST(ElementwiseUnary, LayoutsAndThreadCountsGiveIdenticalBits) {
         ASSERT_TRUE(check_elements({}, got, ref, std::vector<double>(ref.size(), 0.0)))
             << layout_name(k);
       }
-      const size_t threads = cpu::num_threads();
-      cpu::set_num_threads(1);
-      const std::vector<double> one = values(apply_unary(s.op, base, s.f0, s.f1));
-      cpu::set_num_threads(threads);
+      std::vector<double> one;
+      {
+        ThreadsGuard guard;
+        cpu::set_num_threads(1);
+        one = values(apply_unary(s.op, base, s.f0, s.f1));
+      }
       ASSERT_TRUE(check_elements({}, one, ref, std::vector<double>(ref.size(), 0.0)))
           << "one thread";
     }
@@ -719,11 +721,7 @@ TEST(ElementwiseBinary, LargeContiguousAddIsExact) {
 // dispatch restricted to each compiled target in turn (SSE4 and the scalar target have no FMA
 // and different tails), so every path the library may take elsewhere is checked here.
 TEST(ElementwiseTargets, EveryTargetMatchesReference) {
-  const std::vector<int64_t> targets = cpu::simd_targets_for_test();
-  ASSERT_FALSE(targets.empty());
-  for (int64_t t : targets) {
-    SCOPED_TRACE(cpu::simd_target_name(t));
-    cpu::set_simd_target_for_test(t);
+  for_each_target([&](int64_t) {
     for (DType dt : kFloatTypes) {
       for (size_t idx = 0; idx < std::size(kUnary); ++idx) {
         const UnarySpec& s = kUnary[idx];
@@ -747,8 +745,7 @@ TEST(ElementwiseTargets, EveryTargetMatchesReference) {
         EXPECT_TRUE(check_binary(op, dt, s.broadcast_as(a.shape()).contiguous(), a, apply_binary(op, s, a)));
       }
     }
-  }
-  cpu::set_simd_target_for_test(0);
+  });
 }
 
 // ---- where_cond -----------------------------------------------------------------------------
@@ -869,11 +866,7 @@ TEST(ElementwiseMulAdd, Broadcasts) {
 // One rounding on every Highway target (SSE4 and the scalar target have no FMA instruction):
 // (1 + e)^2 - (1 + 2e) = e^2 is exact fused and 0 with the product rounded first.
 TEST(ElementwiseMulAdd, RoundsOnceOnEveryTarget) {
-  const std::vector<int64_t> targets = cpu::simd_targets_for_test();
-  ASSERT_FALSE(targets.empty());
-  for (int64_t t : targets) {
-    SCOPED_TRACE(cpu::simd_target_name(t));
-    cpu::set_simd_target_for_test(t);
+  for_each_target([&](int64_t) {
     for (const auto& [dt, e] : {std::pair{DType::F32, 0x1p-12}, std::pair{DType::F64, 0x1p-27}}) {
       SCOPED_TRACE(dtype_name(dt));
       const Tensor a = Tensor::full(Shape({37}), 1.0 + e, dt, Device::cpu());
@@ -889,8 +882,7 @@ TEST(ElementwiseMulAdd, RoundsOnceOnEveryTarget) {
       const Tensor col = c.unsqueeze(-1);  // (125, 1): a scalar per run of the transposed views
       EXPECT_TRUE(check_mul_add(dt, a.t(), b.t(), col, a.t().mul_add(b.t(), col)));
     }
-  }
-  cpu::set_simd_target_for_test(0);
+  });
 }
 
 TEST(ElementwiseMulAdd, BadInputNamesTheOpShapesAndDtypes) {

@@ -36,7 +36,9 @@
 namespace taper {
 namespace {
 
+using testing::for_each_target;
 using testing::LayoutKind;
+using testing::ThreadsGuard;
 using testing::unit_roundoff;
 using testing::values;
 using testing::with_layout;
@@ -339,7 +341,7 @@ Shape streamed_shape(FOp op, DType dt) {
 
 TEST_P(FusedLongRows, AnyThreadCount) {
   const DType dt = GetParam();
-  const size_t saved = cpu::num_threads();
+  ThreadsGuard guard;
   for (size_t threads : {size_t{1}, size_t{4}}) {
     cpu::set_num_threads(threads);
     for (FOp op : {FOp::Softmax, FOp::LogSoftmax, FOp::RmsNorm, FOp::LayerNorm, FOp::GroupNorm}) {
@@ -361,7 +363,6 @@ TEST_P(FusedLongRows, AnyThreadCount) {
       }
     }
   }
-  cpu::set_num_threads(saved);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fused, FusedLongRows, ::testing::ValuesIn(kDTypes),
@@ -415,7 +416,7 @@ TEST_P(FusedStats, DtypeShapeAndValues) {
 TEST_P(FusedStats, SoftmaxLse) {
   const DType dt = GetParam();
   const DType want = dt == DType::F64 ? DType::F64 : DType::F32;
-  const size_t saved = cpu::num_threads();
+  ThreadsGuard guard;
   for (size_t threads : {size_t{1}, size_t{4}}) {
     cpu::set_num_threads(threads);
     for (const Shape& s : {Shape({2, 3, 50}), Shape({7}), Shape({3, 4099}), Shape({2, 100003})}) {
@@ -447,7 +448,7 @@ TEST_P(FusedStats, SoftmaxLse) {
       }
     }
   }
-  cpu::set_num_threads(saved);
+  cpu::set_num_threads(guard.saved);
   for (FOp op : {FOp::Softmax, FOp::LogSoftmax}) {  // rows of nothing: m = -inf, l = 0
     Problem p;
     p.op = op;
@@ -593,7 +594,7 @@ TEST_P(SoftmaxBwdKernel, MatchesReference) {
   const KernelSlot& kf = cpu_kernel(fwd_of(log));
   ASSERT_NE(k.fn, nullptr);
   ASSERT_NE(kf.fn, nullptr);
-  const size_t saved = cpu::num_threads();
+  ThreadsGuard guard;
   uint64_t seed = 500;
   for (size_t threads : {size_t{1}, size_t{4}}) {
     cpu::set_num_threads(threads);
@@ -624,7 +625,6 @@ TEST_P(SoftmaxBwdKernel, MatchesReference) {
       }
     }
   }
-  cpu::set_num_threads(saved);
 }
 
 // The dedicated backward ops have a composed form too (metal_fallback/), which a device without
@@ -664,7 +664,7 @@ TEST_P(SoftmaxBwdKernel, ComposedFallbackMatchesKernel) {
 TEST_P(SoftmaxBwdKernel, NaNRowsWhereTheForwardIsNaN) {
   const auto [log, dt] = GetParam();
   const double inf = std::numeric_limits<double>::infinity();
-  const size_t saved = cpu::num_threads();
+  ThreadsGuard guard;
   cpu::set_num_threads(4);
   for (size_t D : {size_t{9}, size_t{40000}}) {
     SCOPED_TRACE("D = " + std::to_string(D));
@@ -692,7 +692,6 @@ TEST_P(SoftmaxBwdKernel, NaNRowsWhereTheForwardIsNaN) {
       EXPECT_EQ(dx[3 * D], 0.0);  // y = 0 at -inf: no gradient
     }
   }
-  cpu::set_num_threads(saved);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fused, SoftmaxBwdKernel,
@@ -797,16 +796,6 @@ TEST(FusedPrecision, Bf16NormsWithOffsetInput) {
 // The tests above run on the best target of this CPU; these repeat the kernels' core checks with
 // dispatch restricted to each compiled target in turn (SSE4 and the scalar target have no FMA,
 // narrower vectors and other pairings of the stores).
-template <class F> void for_each_target(const F& body) {
-  const std::vector<int64_t> targets = cpu::simd_targets_for_test();
-  ASSERT_FALSE(targets.empty());
-  for (int64_t t : targets) {
-    SCOPED_TRACE(cpu::simd_target_name(t));
-    cpu::set_simd_target_for_test(t);
-    body(t);
-  }
-  cpu::set_simd_target_for_test(0);
-}
 
 // The softmax family's exp (cpu/simd_exp-inl.h): within 2 ulp of exp from ln of the smallest
 // normal (rounded down) to 0, 0 below it, NaN kept, exp(-inf) = 0, exp(0) = exp(-0) = 1. f32: every

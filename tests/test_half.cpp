@@ -21,9 +21,12 @@
 #include "cpu/copy_cast_ref.h"
 #include "cpu/simd_half-inl.h"
 #include "taper/dtype.h"
+#include "tests/test_util.h"
 
 namespace taper {
 namespace {
+
+using testing::for_each_target;
 
 using cpu::ref::bits_of;
 
@@ -214,17 +217,6 @@ TEST(HalfScalar, F64RoundsOnceNotThroughF32) {
 
 // ---- SIMD on every target -----------------------------------------------------------------
 
-/// Runs body(target) once per compiled and supported Highway target, restoring dispatch after.
-template <class F> void for_each_target(F&& body) {
-  const std::vector<int64_t> targets = cpu::simd_targets_for_test();
-  ASSERT_FALSE(targets.empty());
-  for (int64_t t : targets) {
-    SCOPED_TRACE(cpu::simd_target_name(t));
-    cpu::set_simd_target_for_test(t);
-    body(t);
-  }
-  cpu::set_simd_target_for_test(0);
-}
 
 TEST(HalfSimd, F32ToHalfBitExactOnEveryTarget) {
   const std::vector<float> src = test_floats(1 << 18, 2);

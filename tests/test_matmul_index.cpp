@@ -143,7 +143,7 @@ INSTANTIATE_TEST_SUITE_P(FloatDTypesLayouts, MatmulTest,
 // Matrix-vector products run on taper's pool (cpu/matmul.cpp's GEMV): the result must not
 // depend on the thread count (the fine-tuning run is bit-identical whatever the threads).
 TEST(Matmul, VectorProductsDoNotDependOnThreadCount) {
-  const size_t saved = cpu::num_threads();
+  ThreadsGuard guard;
   const Tensor a = random_tensor(Shape({3001, 517}), DType::F32, 900);
   const Tensor v = random_tensor(Shape({3001, 1}), DType::F32, 901);
   const Tensor u = random_tensor(Shape({517, 1}), DType::F32, 902);
@@ -158,7 +158,6 @@ TEST(Matmul, VectorProductsDoNotDependOnThreadCount) {
     all.insert(all.end(), tcol.begin(), tcol.end());
     got.push_back(all);
   }
-  cpu::set_num_threads(saved);
   for (size_t i = 1; i < got.size(); ++i) EXPECT_EQ(got[i], got[0]) << "thread count #" << i;
 }
 

@@ -205,14 +205,13 @@ TEST(ReduceAccuracy, HalfSumsAccumulateInF32) {
 
 TEST(ReduceAccuracy, ResultDoesNotDependOnThreadCount) {
   const Tensor x = Tensor::randn(Shape({2, 300'000}), DType::F32, Device::cpu(), 11);
-  const size_t saved = cpu::num_threads();
+  ThreadsGuard guard;
   cpu::set_num_threads(1);
   const std::vector<double> one = values(x.sum({1}));
   const std::vector<double> one_max = values(x.argmax(1));
   cpu::set_num_threads(4);
   const std::vector<double> four = values(x.sum({1}));
   const std::vector<double> four_max = values(x.argmax(1));
-  cpu::set_num_threads(saved);
   EXPECT_EQ(one, four);
   EXPECT_EQ(one_max, four_max);
 }

@@ -8,9 +8,31 @@
 #include <string>
 #include <vector>
 
+#include "cpu/copy_cast_ref.h"  // the SIMD-target test hooks
 #include "taper/taper.h"
 
 namespace taper::testing {
+
+/// Restores taper's thread count when it goes out of scope, also when an ASSERT returns early.
+struct ThreadsGuard {
+  size_t saved = num_threads();
+  ~ThreadsGuard() { set_num_threads(saved); }
+};
+
+/// Runs body(target) once per compiled and supported Highway target (the tests otherwise run on
+/// the best one of this CPU), then restores dispatch, also when body fails an ASSERT.
+template <class F> void for_each_target(F&& body) {
+  struct Restore {
+    ~Restore() { cpu::set_simd_target_for_test(0); }
+  } restore;
+  const std::vector<int64_t> targets = cpu::simd_targets_for_test();
+  ASSERT_FALSE(targets.empty());
+  for (int64_t t : targets) {
+    SCOPED_TRACE(cpu::simd_target_name(t));
+    cpu::set_simd_target_for_test(t);
+    body(t);
+  }
+}
 
 /// Deterministic random CPU tensor, uniform in [lo, hi), rounded to `dt`.
 Tensor random_tensor(const Shape& s, DType dt, uint64_t seed, double lo = -2.0, double hi = 2.0);

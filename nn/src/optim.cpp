@@ -25,7 +25,6 @@ Tensor clone(const Tensor& t) {
   return out.to_device(c.device());
 }
 
-
 // Runs f(begin, end) over [0, n) on a few threads when n is large (one pass over memory is
 // bandwidth-bound; a second core still helps), inline otherwise.
 template <class F> void split(size_t n, F&& f) {
