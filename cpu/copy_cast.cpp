@@ -88,68 +88,9 @@ HWY_EXPORT(CurrentTarget);
 
 namespace {
 
-// ---- scalar conversions (the kernel's own; copy_cast_ref.h holds the independent reference) --
-
-/// Float value (exact, in f64) -> integer type D: truncate toward zero, saturate, NaN -> 0.
-template <class D> D float_to_int(double v) {
-  if constexpr (std::is_signed_v<D>) {
-    if (std::isnan(v)) return 0;
-    if (v >= 0x1p63) return std::numeric_limits<D>::max();
-    if (v < -0x1p63) return std::numeric_limits<D>::min();
-    return static_cast<D>(v);
-  } else {
-    if (!(v > -1.0)) return 0;  // NaN, and everything that truncates below 0
-    const double top = static_cast<double>(std::numeric_limits<D>::max()) + 1.0;  // exact
-    if (v >= top) return std::numeric_limits<D>::max();
-    return static_cast<D>(v);
-  }
-}
-
-/// Integer -> integer, saturating (u8, u32 and i64 all fit in i64 or u64 comparisons).
-template <class D, class S> D int_to_int(S x) {
-  if constexpr (std::is_signed_v<S>) {
-    if (x < 0) {
-      if constexpr (std::is_signed_v<D>) return static_cast<D>(x);  // i64 -> i64 only
-      else return 0;
-    }
-  }
-  const auto u = static_cast<uint64_t>(x);
-  if (u > static_cast<uint64_t>(std::numeric_limits<D>::max())) return std::numeric_limits<D>::max();
-  return static_cast<D>(u);
-}
-
-/// i64 -> f64 rounded to odd: the top 53 significant bits with the dropped bits OR-ed into the
-/// last one. Rounding this later to f32 (to odd) and then to a half type equals rounding the
-/// integer once.
-double i64_to_f64_round_odd(int64_t x) {
-  const uint64_t m = x < 0 ? 0 - static_cast<uint64_t>(x) : static_cast<uint64_t>(x);
-  if (m < (uint64_t{1} << 53)) return static_cast<double>(x);
-  const int shift = 64 - __builtin_clzll(m) - 53;  // 1..11
-  uint64_t kept = m >> shift;
-  if (m & ((uint64_t{1} << shift) - 1)) kept |= 1u;
-  const double d = std::ldexp(static_cast<double>(kept), shift);
-  return x < 0 ? -d : d;
-}
-
-/// One value of type S to type D, per the to_dtype contract (copy_cast_ref.h).
-template <class D, class S> D cast_one(S x) {
-  if constexpr (std::is_same_v<D, S>) {
-    return x;
-  } else if constexpr (std::is_integral_v<D>) {
-    if constexpr (std::is_integral_v<S>) return int_to_int<D>(x);
-    else return float_to_int<D>(static_cast<double>(widen(x)));
-  } else if constexpr (std::is_same_v<S, int64_t>) {
-    // f32/f64: the FPU's conversion rounds once; halves need the sticky bit kept.
-    if constexpr (std::is_same_v<D, float> || std::is_same_v<D, double>) return static_cast<D>(x);
-    else return round_to<D>(i64_to_f64_round_odd(x));
-  } else if constexpr (std::is_integral_v<S>) {
-    return round_to<D>(static_cast<double>(x));  // u8/u32 are exact in f64
-  } else {
-    using C = std::conditional_t<std::is_same_v<S, double> || std::is_same_v<D, double>, double,
-                                 float>;
-    return round_to<D>(static_cast<C>(widen(x)));
-  }
-}
+// Scalar conversions are taper::cast_value (taper/portable.h), the same code the CUDA kernels
+// run; copy_cast_ref.h holds the independent reference.
+template <class D, class S> D cast_one(S x) { return cast_value<D>(x); }
 
 // ---- view iteration --------------------------------------------------------------------------
 
@@ -322,19 +263,19 @@ template <bool kNormal> std::vector<Tensor> rand_kernel(const std::vector<Tensor
   constexpr size_t kRandGrain = 1 << 13;  // Philox (+ log/sin/cos) per pair: compute bound
   return {create(attrs, kRandGrain, [&](auto* p, size_t b, size_t e) {
     using T = std::remove_pointer_t<decltype(p)>;
-    std::array<uint32_t, 4> block{};
+    Philox4 block{};
     uint64_t have = ~uint64_t{0};
     for (size_t i = b; i < e; ++i) {
       const uint64_t k = i >> 1;
       if (k != have) {
-        block = ref::philox_block(attrs.seed, k);
+        block = philox_block(attrs.seed, k);
         have = k;
       }
       if constexpr (kNormal) {
-        p[i] = cast_one<T>(ref::normal_f64(block, i & 1, attrs.f0, attrs.f1));
+        p[i] = cast_one<T>(normal_f64(block, i & 1, attrs.f0, attrs.f1));
       } else {
-        p[i] = ref::below_hi(cast_one<T>(ref::uniform_f64(block, i & 1, attrs.f0, attrs.f1)),
-                             attrs.f0, attrs.f1);
+        p[i] = below_hi(cast_one<T>(uniform_f64(block, i & 1, attrs.f0, attrs.f1)), attrs.f0,
+                        attrs.f1);
       }
     }
   })};

@@ -94,7 +94,7 @@ inline uint16_t encode_f16(long double v) {
 // ---- any dtype to any dtype, one value -------------------------------------------------------
 
 /// The exact value of x.
-template <class S> inline long double widen(S x) {
+template <class S> inline long double widen_exact(S x) {
   if constexpr (std::is_same_v<S, bf16> || std::is_same_v<S, f16>) {
     return static_cast<long double>(static_cast<float>(x));
   } else {
@@ -115,7 +115,7 @@ template <class S> inline float nan_as_f32(S x) {
 
 /// to_dtype of one value, per the contract at the top of this file.
 template <class D, class S> inline D convert(S x) {
-  const long double v = widen(x);
+  const long double v = widen_exact(x);
   if constexpr (std::is_integral_v<D>) {
     if (std::isnan(v)) return 0;
     const long double t = std::trunc(v);
@@ -173,75 +173,22 @@ template <class T> inline T arange_value(double start, double step, size_t i) {
 
 // ---- Philox4x32-10 ---------------------------------------------------------------------------
 
-/// Philox4x32 with 10 rounds (Salmon et al., SC'11; Random123's philox4x32_R(10, ...)).
+/// Philox4x32 with 10 rounds: the one generator of taper/portable.h, in array form (the tests
+/// pin it with Random123's known-answer vectors).
 inline std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> ctr,
                                              std::array<uint32_t, 2> key) {
-  constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
-  constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
-  for (int r = 0; r < 10; ++r) {
-    if (r > 0) {
-      key[0] += kW0;
-      key[1] += kW1;
-    }
-    const uint64_t p0 = static_cast<uint64_t>(kM0) * ctr[0];
-    const uint64_t p1 = static_cast<uint64_t>(kM1) * ctr[2];
-    ctr = {static_cast<uint32_t>(p1 >> 32) ^ ctr[1] ^ key[0], static_cast<uint32_t>(p1),
-           static_cast<uint32_t>(p0 >> 32) ^ ctr[3] ^ key[1], static_cast<uint32_t>(p0)};
-  }
-  return ctr;
+  const Philox4 r = taper::philox4x32_10(Philox4{{ctr[0], ctr[1], ctr[2], ctr[3]}}, key[0], key[1]);
+  return {r[0], r[1], r[2], r[3]};
 }
 
-/// The Philox block of element pair k = i / 2 for `seed`: counter (k_lo, k_hi, 0, 0), key
-/// (seed_lo, seed_hi). Values depend only on (seed, index), never on threads.
-inline std::array<uint32_t, 4> philox_block(uint64_t seed, uint64_t k) {
-  return philox4x32_10({static_cast<uint32_t>(k), static_cast<uint32_t>(k >> 32), 0u, 0u},
-                       {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
-}
+/// The Philox block of element pair k = i / 2 for `seed` (taper::philox_block).
+inline Philox4 philox_block(uint64_t seed, uint64_t k) { return taper::philox_block(seed, k); }
+using taper::normal_f64;
+using taper::uniform_f64;
+using taper::unit_double;
 
-/// 53 random bits of two words -> [0, 1) in f64.
-inline double unit_double(uint32_t hi, uint32_t lo) {
-  const uint64_t u = ((static_cast<uint64_t>(hi) << 32) | lo) >> 11;
-  return static_cast<double>(u) * 0x1p-53;
-}
-
-/// The pre-rounding f64 value of a rand element from its Philox block: lo + (hi - lo) u with one
-/// fma, u in [0, 1) from words 0-1 (`second` false) or 2-3 (`second` true).
-inline double uniform_f64(const std::array<uint32_t, 4>& b, bool second, double lo, double hi) {
-  const double u = second ? unit_double(b[2], b[3]) : unit_double(b[0], b[1]);
-  return std::fma(hi - lo, u, lo);
-}
-
-/// The pre-rounding f64 value of a randn element from its Philox block (Box-Muller):
-/// u1 in (0, 1] from words 0-1, u2 in [0, 1) from words 2-3; the first element of the pair takes
-/// r cos(2 pi u2), the second r sin(2 pi u2); then mean + std z with one fma.
-inline double normal_f64(const std::array<uint32_t, 4>& b, bool second, double mean, double std) {
-  const double u1 = 1.0 - unit_double(b[0], b[1]);  // (0, 1]: log never sees 0
-  const double u2 = unit_double(b[2], b[3]);
-  const double r = std::sqrt(-2.0 * std::log(u1));
-  const double theta = 6.283185307179586476925286766559 * u2;
-  return std::fma(std, second ? r * std::sin(theta) : r * std::cos(theta), mean);
-}
-
-/// Largest value of float type T (bf16, f16, float, double) strictly below v (v finite).
-template <class T> inline T step_down(T v) {
-  if constexpr (std::is_floating_point_v<T>) {
-    return std::nextafter(v, -std::numeric_limits<T>::infinity());
-  } else {
-    const uint16_t b = v.bits;
-    if ((b & 0x7fffu) == 0) return T::from_bits(0x8001u);  // +-0 -> the negative subnormal
-    return T::from_bits(static_cast<uint16_t>((b & 0x8000u) ? b + 1 : b - 1));
-  }
-}
-
-/// Keeps a rounded uniform value inside [lo, hi): a value that rounded up to hi (or past it, when
-/// hi is not representable in T) steps down to the largest T below hi.
-template <class T> inline T below_hi(T v, double lo, double hi) {
-  if constexpr (!std::is_integral_v<T>) {  // integers truncate: already below hi
-    for (int guard = 0; guard < 4 && hi > lo && widen(v) >= static_cast<long double>(hi); ++guard)
-      v = step_down(v);
-  }
-  return v;
-}
+/// Keeps a rounded uniform value inside [lo, hi) (taper::below_hi).
+using taper::below_hi;
 
 /// Element i of rand(shape, T, seed, lo, hi): uniform in [lo, hi). Elements 2k and 2k+1 share
 /// Philox block k; the f64 value is rounded once to T.

@@ -17,8 +17,7 @@
 
 namespace taper::cpu {
 
-/// The type a kernel computes in for element type T: f32 for bf16/f16/f32, f64 for f64.
-template <class T> using compute_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+// compute_t<T> (f32 for bf16/f16/f32, f64 for f64) is taper::compute_t, in taper/portable.h.
 
 /// Threads used by parallel_for (and BLAS): TAPER_NUM_THREADS, else the hardware's count.
 size_t num_threads();

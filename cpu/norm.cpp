@@ -386,7 +386,6 @@ void run(Job j, size_t R) {
   parallel_for(items, 1, [&](size_t b, size_t e) { call(Phase::kWrite, b, e); });
 }
 
-DType stats_dtype(DType dt) { return dt == DType::F64 ? DType::F64 : DType::F32; }
 bool has(const std::vector<Tensor>& in, size_t i) {
   return in.size() > i && in[i].defined() && in[i].elem_count() > 0;
 }
@@ -407,7 +406,7 @@ std::vector<Tensor> rms_norm_kernel(const std::vector<Tensor>& in, const OpAttrs
   const Tensor& x = in[0];
   TAPER_ASSERT(x.is_contiguous());
   Tensor y = new_output(x.shape(), x.dtype());
-  Tensor rstd = new_output(rows_shape(x), stats_dtype(x.dtype()));
+  Tensor rstd = new_output(rows_shape(x), stat_dtype(x.dtype()));
   Job j;
   j.dt = x.dtype();
   j.kind = Kind::kRms;
@@ -428,8 +427,8 @@ std::vector<Tensor> layer_norm_kernel(const std::vector<Tensor>& in, const OpAtt
   const Tensor& x = in[0];
   TAPER_ASSERT(x.is_contiguous());
   Tensor y = new_output(x.shape(), x.dtype());
-  Tensor mean = new_output(rows_shape(x), stats_dtype(x.dtype()));
-  Tensor rstd = new_output(rows_shape(x), stats_dtype(x.dtype()));
+  Tensor mean = new_output(rows_shape(x), stat_dtype(x.dtype()));
+  Tensor rstd = new_output(rows_shape(x), stat_dtype(x.dtype()));
   Job j;
   j.dt = x.dtype();
   j.kind = Kind::kLayer;
@@ -456,8 +455,8 @@ std::vector<Tensor> group_norm_kernel(const std::vector<Tensor>& in, const OpAtt
   size_t S = 1;
   for (size_t k = 2; k < x.rank(); ++k) S *= x.dims()[k];
   Tensor y = new_output(x.shape(), x.dtype());
-  Tensor mean = new_output(Shape({N, G}), stats_dtype(x.dtype()));
-  Tensor rstd = new_output(Shape({N, G}), stats_dtype(x.dtype()));
+  Tensor mean = new_output(Shape({N, G}), stat_dtype(x.dtype()));
+  Tensor rstd = new_output(Shape({N, G}), stat_dtype(x.dtype()));
   Job j;
   j.dt = x.dtype();
   j.kind = Kind::kGroup;

@@ -167,20 +167,26 @@ Pool& pool() {
   return *p;
 }
 
-// The CPU backend: host memory through the caching allocator.
+// The CPU backend: host memory (64-byte aligned; core's caching allocator sits on top).
 class CpuBackend final : public DeviceBackend {
  public:
-  void* allocate(Device, size_t nbytes) override { return host_alloc(nbytes); }
-  void deallocate(Device, void* p, size_t nbytes) override { host_free(p, nbytes); }
+  int device_count() const override { return 1; }
+  void* raw_allocate(Device, size_t nbytes) override {
+    return std::aligned_alloc(64, (nbytes + 63) & ~size_t(63));
+  }
+  void raw_free(Device, void* p) override { std::free(p); }
   void copy_from_host(Device, void* dst, const void* src, size_t n) override {
     std::memcpy(dst, src, n);
   }
   void copy_to_host(Device, void* dst, const void* src, size_t n) override {
     std::memcpy(dst, src, n);
   }
+  void copy_device(Device, void* dst, Device, const void* src, size_t n) override {
+    std::memcpy(dst, src, n);
+  }
+  void memset(Device, void* dst, int byte, size_t n) override { std::memset(dst, byte, n); }
   void synchronize(Device) override {}
-  size_t num_threads() const override { return pool().threads(); }
-  void set_num_threads(size_t n) override { pool().resize(n); }
+  bool host_accessible() const override { return true; }
 };
 
 struct Registrar {
@@ -194,6 +200,19 @@ struct Registrar {
 
 size_t num_threads() { return pool().threads(); }
 void set_num_threads(size_t n) { pool().resize(n); }
+
+}  // namespace taper::cpu
+
+// The public thread settings belong to the CPU backend alone (not to DeviceBackend).
+namespace taper {
+size_t num_threads() { return cpu::num_threads(); }
+void set_num_threads(size_t n) {
+  TAPER_CHECK(n >= 1, "set_num_threads: need at least 1 thread, got ", n);
+  cpu::set_num_threads(n);
+}
+}  // namespace taper
+
+namespace taper::cpu {
 
 namespace detail {
 void parallel_for_impl(size_t n, size_t grain, RangeFn fn, void* ctx) {

@@ -29,32 +29,8 @@
 
 namespace taper::cpu {
 
-// f64_to_f32_round_odd (round to odd, the first step of rounding f64 to a half type once)
-// lives in taper/dtype.h.
-
-/// f64 -> bf16 bits, rounded once to nearest-even.
-inline uint16_t f64_to_bf16_bits(double d) { return f32_to_bf16_bits(f64_to_f32_round_odd(d)); }
-/// f64 -> f16 bits, rounded once to nearest-even.
-inline uint16_t f64_to_f16_bits(double d) { return f32_to_f16_bits(f64_to_f32_round_odd(d)); }
-
-/// Rounds a compute value (float or double) once to the storage type T (bf16, f16, float,
-/// double). The scalar twin of StoreFrom.
-template <class T, class C> inline T round_to(C v) {
-  if constexpr (std::is_same_v<T, C>) {
-    return v;
-  } else if constexpr (std::is_same_v<T, bf16>) {
-    if constexpr (std::is_same_v<C, double>) return bf16::from_bits(f64_to_bf16_bits(v));
-    else return bf16::from_bits(f32_to_bf16_bits(static_cast<float>(v)));
-  } else if constexpr (std::is_same_v<T, f16>) {
-    if constexpr (std::is_same_v<C, double>) return f16::from_bits(f64_to_f16_bits(v));
-    else return f16::from_bits(f32_to_f16_bits(static_cast<float>(v)));
-  } else {
-    return static_cast<T>(v);
-  }
-}
-
-/// Widens a storage value to its compute type (exact). The scalar twin of LoadAs.
-template <class T> inline compute_t<T> widen(T v) { return static_cast<compute_t<T>>(v); }
+// The scalar twins of LoadAs / StoreFrom (`widen`, `round_to`) and the f64 -> half conversions
+// that round once live in taper/portable.h, shared with the CUDA kernels.
 
 }  // namespace taper::cpu
 

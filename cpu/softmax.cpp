@@ -601,7 +601,6 @@ void run(Job j, size_t R, bool bwd) {
 }
 
 size_t last_dim(const Tensor& t) { return t.rank() == 0 ? 1 : t.dims().back(); }
-DType stats_dtype(DType dt) { return dt == DType::F64 ? DType::F64 : DType::F32; }
 /// The saved stats' shape: x's shape with its last dim replaced by 2 (m, l).
 Shape stats_shape(const Tensor& x) {
   std::vector<size_t> d = x.dims();
@@ -615,7 +614,7 @@ std::vector<Tensor> fwd_kernel(const std::vector<Tensor>& in, bool log) {
   const Tensor& x = in[0];
   TAPER_ASSERT(x.is_contiguous());
   Tensor y = new_output(x.shape(), x.dtype());
-  Tensor stats = new_output(stats_shape(x), stats_dtype(x.dtype()));
+  Tensor stats = new_output(stats_shape(x), stat_dtype(x.dtype()));
   Job j;
   j.dt = x.dtype();
   j.log = log;
@@ -643,7 +642,7 @@ std::vector<Tensor> bwd_kernel(const std::vector<Tensor>& in, bool log) {
   const Tensor& dy = in[2];
   TAPER_ASSERT(x.is_contiguous() && stats.is_contiguous() && dy.is_contiguous());
   TAPER_ASSERT(x.shape() == dy.shape() && x.dtype() == dy.dtype());
-  TAPER_ASSERT(stats.dtype() == stats_dtype(x.dtype()) && stats.shape() == stats_shape(x));
+  TAPER_ASSERT(stats.dtype() == stat_dtype(x.dtype()) && stats.shape() == stats_shape(x));
   Tensor dx = new_output(x.shape(), x.dtype());
   Job j;
   j.dt = x.dtype();

@@ -139,7 +139,7 @@ TEST(Registry, EveryNonViewOpHasACpuKernel) {
   for (size_t i = 0; i < kNumOps; ++i) {
     const OpId op = static_cast<OpId>(i);
     if (op == OpId::reshape || op == OpId::permute || op == OpId::narrow ||
-        op == OpId::broadcast_as)
+        op == OpId::broadcast_as || op == OpId::to_device)
       continue;
     EXPECT_NE(op_def(op).kernels[0].fn, nullptr) << op_name(op) << " has no CPU kernel";
   }
@@ -300,7 +300,38 @@ TEST(Print, ShowsShapeDTypeDeviceAndValues) {
   EXPECT_LT(big.str().size(), 400u);
 }
 
-TAPER_COVERS(Forward, OpId::reshape, OpId::permute, OpId::narrow, OpId::broadcast_as);
+// ---- devices ------------------------------------------------------------------------------------
+
+TEST(Devices, ToDeviceCarriesValuesAndGradientsBothWays) {
+  // On every device pair of test_devices() (CPU -> CPU is the identity; with a GPU present the
+  // same test crosses to it and back): values survive the trip bit for bit and the gradient of
+  // a loss computed on the far device arrives on the source device.
+  for (Device dev : test_devices()) {
+    SCOPED_TRACE(dev.to_string());
+    const Tensor x = random_tensor({3, 5}, DType::F32, 11);
+    Var v = Var::from_tensor(x);
+    const Tensor far = v.to_device(dev);
+    EXPECT_EQ(far.device(), dev);
+    EXPECT_EQ(far.to_vector<float>(), x.to_vector<float>());
+    const Tensor loss = (far * far).sum_all().to_device(Device::cpu());
+    GradStore g = loss.backward();
+    ASSERT_TRUE(g.get(v));
+    EXPECT_EQ(g.get(v)->device(), Device::cpu());
+    const std::vector<float> gx = g.get(v)->to_vector<float>(), xv = x.to_vector<float>();
+    for (size_t i = 0; i < xv.size(); ++i) EXPECT_EQ(gx[i], 2 * xv[i]) << i;
+  }
+}
+
+TEST(Devices, UnavailableDeviceIsAnError) {
+  const std::string e = error_of([] { Tensor::zeros({2}, DType::F32, Device::cuda(99)); });
+  EXPECT_NE(e.find("cuda:99"), std::string::npos) << e;
+  EXPECT_NE(e.find("not available"), std::string::npos) << e;
+  EXPECT_EQ(device_available(DeviceKind::Cuda), device_count(DeviceKind::Cuda) > 0);
+}
+
+TAPER_COVERS(Forward, OpId::reshape, OpId::permute, OpId::narrow, OpId::broadcast_as,
+             OpId::to_device);
+TAPER_COVERS(Gradient, OpId::to_device);
 
 }  // namespace
 }  // namespace taper::testing

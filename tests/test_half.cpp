@@ -178,22 +178,22 @@ TEST(HalfScalar, F64RoundsOnceNotThroughF32) {
   // the f64 value is above the tie: 1 + 2^-7.
   const double d = 1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -40);
   EXPECT_EQ(bf16(static_cast<float>(d)).bits, 0x3f80);  // the double rounding we avoid
-  EXPECT_EQ(cpu::f64_to_bf16_bits(d), 0x3f81);
-  EXPECT_EQ(cpu::f64_to_bf16_bits(-d), 0xbf81);
+  EXPECT_EQ(f64_to_bf16_bits(d), 0x3f81);
+  EXPECT_EQ(f64_to_bf16_bits(-d), 0xbf81);
   const double h = 1.0 + std::ldexp(1.0, -11) + std::ldexp(1.0, -40);
   EXPECT_EQ(f16(static_cast<float>(h)).bits, 0x3c00);
-  EXPECT_EQ(cpu::f64_to_f16_bits(h), 0x3c01);
+  EXPECT_EQ(f64_to_f16_bits(h), 0x3c01);
   // Below the tie by a hair: down, not up.
-  EXPECT_EQ(cpu::f64_to_bf16_bits(1.0 + std::ldexp(1.0, -8) - std::ldexp(1.0, -40)), 0x3f80);
+  EXPECT_EQ(f64_to_bf16_bits(1.0 + std::ldexp(1.0, -8) - std::ldexp(1.0, -40)), 0x3f80);
   // An exact tie stays a tie: to even.
-  EXPECT_EQ(cpu::f64_to_bf16_bits(1.0 + std::ldexp(1.0, -8)), 0x3f80);
+  EXPECT_EQ(f64_to_bf16_bits(1.0 + std::ldexp(1.0, -8)), 0x3f80);
   // Beyond FLT_MAX but finite: inf for both; below the f16 subnormal half-step: 0.
-  EXPECT_EQ(cpu::f64_to_bf16_bits(1e39), 0x7f80);
-  EXPECT_EQ(cpu::f64_to_f16_bits(-1e300), 0xfc00);
-  EXPECT_EQ(cpu::f64_to_f16_bits(std::ldexp(1.0, -25)), 0x0000);
-  EXPECT_EQ(cpu::f64_to_f16_bits(std::ldexp(1.0, -25) + std::ldexp(1.0, -60)), 0x0001);
-  EXPECT_EQ(cpu::f64_to_bf16_bits(1e-300), 0x0000);
-  EXPECT_EQ(cpu::f64_to_bf16_bits(-1e-300), 0x8000);
+  EXPECT_EQ(f64_to_bf16_bits(1e39), 0x7f80);
+  EXPECT_EQ(f64_to_f16_bits(-1e300), 0xfc00);
+  EXPECT_EQ(f64_to_f16_bits(std::ldexp(1.0, -25)), 0x0000);
+  EXPECT_EQ(f64_to_f16_bits(std::ldexp(1.0, -25) + std::ldexp(1.0, -60)), 0x0001);
+  EXPECT_EQ(f64_to_bf16_bits(1e-300), 0x0000);
+  EXPECT_EQ(f64_to_bf16_bits(-1e-300), 0x8000);
 
   std::mt19937_64 rng(7);
   for (int i = 0; i < 200000; ++i) {
@@ -210,8 +210,8 @@ TEST(HalfScalar, F64RoundsOnceNotThroughF32) {
       const int shift = static_cast<int>((r >> 48) % 40) + 25;
       v = static_cast<double>(tie) * (1.0 + ((r >> 63) ? -1.0 : 1.0) * ((r >> 40) & 1 ? std::ldexp(1.0, -shift) : 0.0));
     }
-    ASSERT_EQ(cpu::f64_to_bf16_bits(v), cpu::ref::convert<bf16>(v).bits) << std::hexfloat << v;
-    ASSERT_EQ(cpu::f64_to_f16_bits(v), cpu::ref::convert<f16>(v).bits) << std::hexfloat << v;
+    ASSERT_EQ(f64_to_bf16_bits(v), cpu::ref::convert<bf16>(v).bits) << std::hexfloat << v;
+    ASSERT_EQ(f64_to_f16_bits(v), cpu::ref::convert<f16>(v).bits) << std::hexfloat << v;
   }
 }
 

@@ -18,6 +18,16 @@ Tensor random_tensor(const Shape& s, DType dt, uint64_t seed, double lo, double 
   return Tensor::from_vector(v, s).to_dtype(dt);
 }
 
+Tensor random_tensor(const Shape& s, DType dt, Device dev, uint64_t seed, double lo, double hi) {
+  return random_tensor(s, dt, seed, lo, hi).to_device(dev);
+}
+
+std::vector<Device> test_devices() {
+  std::vector<Device> out{Device::cpu()};
+  for (int i = 0; i < device_count(DeviceKind::Cuda); ++i) out.push_back(Device::cuda(i));
+  return out;
+}
+
 Tensor with_layout(const Tensor& t, LayoutKind k) {
   NoGradGuard ng;
   switch (k) {

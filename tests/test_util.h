@@ -36,6 +36,13 @@ template <class F> void for_each_target(F&& body) {
 
 /// Deterministic random CPU tensor, uniform in [lo, hi), rounded to `dt`.
 Tensor random_tensor(const Shape& s, DType dt, uint64_t seed, double lo = -2.0, double hi = 2.0);
+/// The same values as random_tensor on the CPU, placed on `dev`.
+Tensor random_tensor(const Shape& s, DType dt, Device dev, uint64_t seed, double lo = -2.0,
+                     double hi = 2.0);
+
+/// The devices the device-parameterised suites run on: the CPU, and every CUDA device present
+/// (none in a CPU-only build or on a machine without a GPU).
+std::vector<Device> test_devices();
 
 /// Ways to hold the same values with different strides.
 enum class LayoutKind { Contiguous, Transposed, Narrowed, Broadcast };

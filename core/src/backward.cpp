@@ -50,6 +50,7 @@ BWD(broadcast_as) {
   if (dims.empty()) return {g[0].reshape(s)};
   return {g[0].sum(dims, true).reshape(s)};
 }
+BWD(to_device) { return {g[0].to_device(in[0].device())}; }
 BWD(copy) { return {g[0]}; }
 BWD(to_dtype) { return {g[0].to_dtype(in[0].dtype())}; }
 
@@ -186,7 +187,6 @@ BWD(log_softmax_last_dim) {
   return {dispatch1(OpId::log_softmax_last_dim_bwd, {in[0], out[1], g[0]})};
 }
 
-DType stat_dtype(DType dt) { return dt == DType::F64 ? DType::F64 : DType::F32; }
 
 // The norm backwards, in the stat dtype, over "rows" (a row of the last dim; group norm: a group
 // of M = C/G * S elements), with d = x - mean (rms norm: d = x), rho = rstd, gw = gy * w:

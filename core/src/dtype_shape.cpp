@@ -1,6 +1,7 @@
 // dtype_shape.cpp: Shape and Layout arithmetic, dims and broadcasting, Device names, the device
 // backend table, and the assertion handler.
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -129,12 +130,19 @@ DeviceBackend& device_backend(DeviceKind kind) {
   return *b;
 }
 
-bool device_available(DeviceKind kind) { return g_backends[static_cast<int>(kind)] != nullptr; }
+bool device_available(DeviceKind kind) { return device_count(kind) > 0; }
 
-size_t num_threads() { return device_backend(DeviceKind::Cpu).num_threads(); }
-void set_num_threads(size_t n) {
-  TAPER_CHECK(n >= 1, "set_num_threads: need at least 1 thread, got ", n);
-  device_backend(DeviceKind::Cpu).set_num_threads(n);
+int device_count(DeviceKind kind) {
+  DeviceBackend* b = g_backends[static_cast<int>(kind)];
+  return b ? b->device_count() : 0;
 }
+
+void synchronize(Device dev) { device_backend(dev.kind()).synchronize(dev); }
+
+namespace {
+std::atomic<bool> g_allow_tf32{false};
+}
+bool cuda_allow_tf32() { return g_allow_tf32.load(std::memory_order_relaxed); }
+void set_cuda_allow_tf32(bool allow) { g_allow_tf32.store(allow, std::memory_order_relaxed); }
 
 }  // namespace taper

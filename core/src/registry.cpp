@@ -102,6 +102,9 @@ std::vector<Tensor> dispatch(OpId op, const std::vector<Tensor>& in, const OpAtt
   for (const Tensor& t : in)
     TAPER_CHECK(t.device() == dev, d.name, ": inputs on different devices (", dev.to_string(),
                 " and ", t.device().to_string(), ")");
+  TAPER_CHECK(dev.is_cpu() || (dev.ordinal() >= 0 && dev.ordinal() < device_count(dev.kind())),
+              d.name, ": device ", dev.to_string(), " is not available (",
+              device_count(dev.kind()), " such devices present)");
   const KernelSlot& slot = d.kernels[static_cast<int>(dev.kind())];
   const bool has = slot.fn != nullptr && (slot.dtypes & dtype_bit(dt)) != 0;
   if (d.composed && (!has || t_composed_only[static_cast<size_t>(op)])) {

@@ -143,24 +143,30 @@ Tensor Tensor::to_dtype(DType dt) const {
   return dispatch1(OpId::to_dtype, {*this}, a);
 }
 
+// to_device: a registry op with no kernel (the backends copy); its backward moves the gradient
+// back to the source device. Between two devices of one non-host kind the backend copies
+// directly (peer copy); between two kinds it goes through the host.
 Tensor Tensor::to_device(Device dev) const {
   if (dev == device()) return *this;
-  TAPER_CHECK(!(tracks_grad() && grad_enabled()), "to_device: moving a tensor that tracks "
-              "gradients is not differentiable yet; detach() it or move the leaves instead");
-  Tensor src = contiguous();
+  Tensor src = detach().contiguous();
   Tensor out = empty(shape(), dtype(), dev);
   const size_t n = elem_count() * dtype_size(dtype());
-  if (n == 0) return out;
-  if (src.device().is_cpu()) {
-    device_backend(dev.kind()).copy_from_host(dev, out.data_ptr(), src.data_ptr(), n);
-  } else if (dev.is_cpu()) {
-    device_backend(src.device().kind()).copy_to_host(src.device(), out.data_ptr(),
-                                                     src.data_ptr(), n);
-  } else {
-    Tensor host = src.to_device(Device::cpu());
-    device_backend(dev.kind()).copy_from_host(dev, out.data_ptr(), host.data_ptr(), n);
+  const Device from = src.device();
+  if (n > 0) {
+    if (from.is_cpu()) {
+      device_backend(dev.kind()).copy_from_host(dev, out.data_ptr(), src.data_ptr(), n);
+    } else if (dev.is_cpu()) {
+      device_backend(from.kind()).copy_to_host(from, out.data_ptr(), src.data_ptr(), n);
+    } else if (from.kind() == dev.kind()) {
+      device_backend(dev.kind()).copy_device(dev, out.data_ptr(), from, src.data_ptr(), n);
+    } else {
+      const Tensor host = src.to_device(Device::cpu());
+      device_backend(dev.kind()).copy_from_host(dev, out.data_ptr(), host.data_ptr(), n);
+    }
   }
-  return out;
+  OpAttrs a;
+  a.device = dev;
+  return detail::record(OpId::to_device, {*this}, {out}, a)[0];
 }
 
 Tensor Tensor::contiguous() const {

@@ -1,7 +1,7 @@
 // device.h: `Device` (kind + ordinal) and the backend interface a device plugs in.
 //
-// What it is: the per-device services storage needs (allocate, free, copy to/from host,
-// synchronize). CPU is always present; the CUDA backend registers itself when built.
+// What it is: the per-device services storage needs (raw allocation, copies, memset, synchronize,
+// device count). CPU is always present; the CUDA backend registers itself when built.
 // What it is not: kernels (see op.h) or streams' scheduling policy.
 #pragma once
 
@@ -37,20 +37,33 @@ class Device {
   int ordinal_ = 0;
 };
 
-/// What a device backend provides to storage. Work may be queued asynchronously: `synchronize`
-/// waits for it; copies to the host synchronize before returning.
+/// What a device gives storage, and nothing else: raw allocation (the per-device caching
+/// allocator of storage.h sits on top of it), copies host <-> device and device <-> device,
+/// memset, synchronize and the number of devices. Work may be queued asynchronously on the
+/// device's stream: `synchronize` waits for it; copies to the host wait before returning; a
+/// block freed and reused on the same device needs no synchronisation (stream order).
 class DeviceBackend {
  public:
   virtual ~DeviceBackend() = default;
-  /// Allocates `nbytes` (64-byte aligned) on `dev`; throws Error when out of memory.
-  virtual void* allocate(Device dev, size_t nbytes) = 0;
-  virtual void deallocate(Device dev, void* p, size_t nbytes) = 0;
+  /// Devices of this kind present (0 when the backend is built but no device exists).
+  virtual int device_count() const = 0;
+  /// Allocates `nbytes` (at least 64-byte aligned) uncached; nullptr when out of memory (the
+  /// caching allocator then empties its cache and retries before raising an Error).
+  virtual void* raw_allocate(Device dev, size_t nbytes) = 0;
+  virtual void raw_free(Device dev, void* p) = 0;
+  /// Free bytes on the device, for out-of-memory messages (0 when unknown).
+  virtual size_t free_bytes(Device dev) const { return 0; }
   virtual void copy_from_host(Device dev, void* dst, const void* src, size_t nbytes) = 0;
   virtual void copy_to_host(Device dev, void* dst, const void* src, size_t nbytes) = 0;
+  /// A copy between two devices of this kind (the same one, or two ordinals): never staged
+  /// through the host when the device can copy directly.
+  virtual void copy_device(Device dst_dev, void* dst, Device src_dev, const void* src,
+                           size_t nbytes) = 0;
+  virtual void memset(Device dev, void* dst, int byte, size_t nbytes) = 0;
   virtual void synchronize(Device dev) = 0;
-  /// Host threads the backend's kernels use (the CPU backend: its pool and OpenBLAS's).
-  virtual size_t num_threads() const { return 1; }
-  virtual void set_num_threads(size_t n) { (void)n; }
+  /// Whether the host reads and writes this device's memory directly (the CPU): the caching
+  /// allocator's stray-write guard needs that.
+  virtual bool host_accessible() const { return false; }
 };
 
 /// Registers the backend of `kind` (called once by each backend at load).
@@ -59,9 +72,18 @@ void register_device_backend(DeviceKind kind, DeviceBackend* backend);
 DeviceBackend& device_backend(DeviceKind kind);
 /// Whether a backend for `kind` is registered and has at least one device.
 bool device_available(DeviceKind kind);
+/// Devices of `kind` present (0 when taper was built without its backend).
+int device_count(DeviceKind kind);
+/// Waits for the work queued on `dev` (a no-op on the CPU).
+void synchronize(Device dev);
+
+/// Whether CUDA matmuls of f32 may use TF32 tensor cores (10-bit mantissa products). Off by
+/// default: f32 means f32 unless the user allows less.
+bool cuda_allow_tf32();
+void set_cuda_allow_tf32(bool allow);
 
 /// Threads of the CPU backend (its kernels, OpenBLAS and the optimizers' updates):
-/// TAPER_NUM_THREADS when set, else the hardware's count.
+/// TAPER_NUM_THREADS when set, else the hardware's count. Defined by the CPU backend.
 size_t num_threads();
 /// Sets them (n >= 1, else an Error); call it between ops, not from inside one.
 void set_num_threads(size_t n);

@@ -1,7 +1,7 @@
 // dtype.h: the element types taper stores, their traits table, and the two 16-bit float types.
 //
-// What it is: `DType`, one traits table (`dtype_info`), and `bf16`/`f16` whose conversion from f32
-// rounds to nearest-even (NaN stays NaN, overflow gives inf, subnormals exact).
+// What it is: `DType`, one traits table (`dtype_info`), the C++ type of each dtype and
+// `stat_dtype`. The half types `bf16`/`f16` and their conversions are in taper/portable.h.
 // What it is not: SIMD conversion (see cpu/simd_half-inl.h, which rounds identically).
 #pragma once
 
@@ -10,6 +10,8 @@
 #include <cstring>
 #include <string_view>
 #include <type_traits>
+
+#include "taper/portable.h"
 
 namespace taper {
 
@@ -49,112 +51,12 @@ inline constexpr uint32_t kFloatDTypes =
     dtype_bit(DType::BF16) | dtype_bit(DType::F16) | dtype_bit(DType::F32) | dtype_bit(DType::F64);
 inline constexpr uint32_t kAllDTypes = (1u << kNumDTypes) - 1;
 
-// ---- scalar half conversions ----------------------------------------------------------------
+/// The dtype statistics and accumulators are kept in for a tensor of `dt` (the norms' mean and
+/// rstd, softmax's row statistics, the optimizers' moments): f64 for f64, f32 for the rest.
+constexpr DType stat_dtype(DType dt) { return dt == DType::F64 ? DType::F64 : DType::F32; }
 
-inline uint32_t f32_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-inline float f32_from_bits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-/// f32 -> bf16 bits, round to nearest-even; NaN becomes a quiet NaN with the same sign.
-inline uint16_t f32_to_bf16_bits(float f) {
-  uint32_t u = f32_bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);  // ties go to the even bf16; overflow carries into inf
-  return static_cast<uint16_t>(u >> 16);
-}
-inline float bf16_bits_to_f32(uint16_t h) { return f32_from_bits(static_cast<uint32_t>(h) << 16); }
-
-/// f32 -> IEEE binary16 bits, round to nearest-even, subnormals exact, overflow to inf,
-/// NaN to a quiet NaN with the same sign.
-inline uint16_t f32_to_f16_bits(float f) {
-  uint32_t u = f32_bits(f);
-  const uint32_t sign = (u >> 16) & 0x8000u;
-  u &= 0x7fffffffu;
-  if (u > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((u >> 13) & 0x3ffu));
-  if (u >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520: inf
-  if (u < 0x38800000u) {  // below the smallest normal f16 (2^-14): subnormal or zero
-    if (u < 0x33000000u) return static_cast<uint16_t>(sign);  // < 2^-25 rounds to 0 (tie too)
-    const uint32_t exp = u >> 23;                  // 102..112
-    const uint32_t mant = (u & 0x7fffffu) | 0x800000u;
-    const uint32_t shift = 126u - exp;             // 14..24
-    uint32_t h = mant >> shift;
-    const uint32_t rem = mant & ((1u << shift) - 1u);
-    const uint32_t half = 1u << (shift - 1u);
-    if (rem > half || (rem == half && (h & 1u))) ++h;
-    return static_cast<uint16_t>(sign | h);
-  }
-  uint32_t h = ((u - 0x38000000u) >> 13);  // rebias exponent 127 -> 15
-  const uint32_t rem = u & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // carry may reach the next binade
-  return static_cast<uint16_t>(sign | h);
-}
-
-inline float f16_bits_to_f32(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  const uint32_t mant = h & 0x3ffu;
-  if (exp == 0) {
-    // zero or subnormal: mant * 2^-24, exact in f32
-    const float v = static_cast<float>(mant) * 5.9604644775390625e-08f;
-    return sign ? -v : v;
-  }
-  if (exp == 31) return f32_from_bits(sign | 0x7f800000u | (mant << 13));
-  return f32_from_bits(sign | ((exp + 112u) << 23) | (mant << 13));
-}
-
-/// f64 -> f32 rounded to odd: an inexact value takes the neighbour whose last mantissa bit is 1,
-/// so a later rounding to a format with >= 2 fewer bits equals rounding the f64 value directly.
-inline float f64_to_f32_round_odd(double d) {
-  const float f = static_cast<float>(d);
-  if (d != d || static_cast<double>(f) == d) return f;
-  const double fmax = 3.4028234663852886e38;
-  if (d > fmax || d < -fmax) {
-    if (d - d != 0.0) return f;  // inf
-    return d > 0 ? static_cast<float>(fmax) : -static_cast<float>(fmax);
-  }
-  uint32_t u = f32_bits(f);
-  if ((f < 0 ? -static_cast<double>(f) : static_cast<double>(f)) > (d < 0 ? -d : d)) --u;
-  return f32_from_bits(u | 1u);
-}
-
-/// bfloat16 storage type. Arithmetic is done by converting to float.
-struct bf16 {
-  uint16_t bits = 0;
-  bf16() = default;
-  explicit bf16(float f) : bits(f32_to_bf16_bits(f)) {}
-  /// Rounds the f64 value once (not through a rounded f32).
-  explicit bf16(double d) : bits(f32_to_bf16_bits(f64_to_f32_round_odd(d))) {}
-  static bf16 from_bits(uint16_t b) {
-    bf16 r;
-    r.bits = b;
-    return r;
-  }
-  explicit operator float() const { return bf16_bits_to_f32(bits); }
-  explicit operator double() const { return bf16_bits_to_f32(bits); }
-};
-
-/// IEEE binary16 storage type. Arithmetic is done by converting to float.
-struct f16 {
-  uint16_t bits = 0;
-  f16() = default;
-  explicit f16(float f) : bits(f32_to_f16_bits(f)) {}
-  /// Rounds the f64 value once (not through a rounded f32).
-  explicit f16(double d) : bits(f32_to_f16_bits(f64_to_f32_round_odd(d))) {}
-  static f16 from_bits(uint16_t b) {
-    f16 r;
-    r.bits = b;
-    return r;
-  }
-  explicit operator float() const { return f16_bits_to_f32(bits); }
-  explicit operator double() const { return f16_bits_to_f32(bits); }
-};
+// The half types (bf16, f16) and their round-to-nearest-even conversions live in
+// taper/portable.h, which CUDA device code compiles too.
 
 /// Maps a C++ element type to its DType.
 template <class T> struct dtype_of;

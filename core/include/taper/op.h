@@ -23,6 +23,8 @@ namespace taper {
   X(permute, 1, 1, true)                      \
   X(narrow, 1, 1, true)                       \
   X(broadcast_as, 1, 1, true)                 \
+  /* device transfer: no kernel (the backends' copies) */ \
+  X(to_device, 1, 1, true)                    \
   /* copy_cast */                             \
   X(copy, 1, 1, true)                         \
   X(to_dtype, 1, 1, true)                     \

@@ -1,8 +1,8 @@
 // storage.h: a block of device memory owned by tensors, and the host caching allocator.
 //
-// What it is: `Storage` (device, bytes, pointer; freed through its device's backend) and the CPU
-// caching allocator that reuses freed blocks by size class, so a training step does not
-// page-fault fresh memory for every large temporary. `TAPER_NO_ALLOC_CACHE=1` turns the cache
+// What it is: `Storage` (device, bytes, pointer; allocated and freed through its device's
+// caching allocator) and that allocator, which reuses freed blocks by size class on every device,
+// so a training step neither page-faults fresh host memory nor calls cudaMalloc per temporary. `TAPER_NO_ALLOC_CACHE=1` turns the cache
 // off (for leak checkers). What it is not: a layout; views share one Storage.
 #pragma once
 
@@ -33,10 +33,22 @@ class Storage {
   void* ptr_;
 };
 
-/// Host memory: 64-byte aligned, cached by size class. Used by the CPU backend and for staging.
+/// Memory of `dev` through its caching allocator: blocks are rounded up to a size class and a
+/// freed block serves the next request of its class on the same device without a device sync.
+/// Out of memory empties that device's cache and retries once, then throws an Error naming the
+/// bytes asked for and the bytes free. `TAPER_NO_ALLOC_CACHE=1` turns caching off.
+void* device_alloc(Device dev, size_t nbytes);
+void device_free(Device dev, void* p, size_t nbytes);
+/// Returns `dev`'s cached blocks to its backend.
+void device_cache_trim(Device dev);
+/// Bytes held in `dev`'s cache (free blocks waiting for reuse).
+size_t device_cache_bytes(Device dev);
+
+/// Host memory (device_alloc on the CPU): 64-byte aligned, cached by size class, with a guard
+/// after each block checked at free. Used by the CPU backend and for staging.
 void* host_alloc(size_t nbytes);
 void host_free(void* p, size_t nbytes);
-/// Returns every cached block to the system.
+/// Returns every cached host block to the system.
 void host_cache_trim();
 /// Bytes currently held in the host cache (free blocks waiting for reuse).
 size_t host_cache_bytes();

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# gpu_run.sh: runs on a lent GPU machine (through the workplace's device tool, which sets $OUT):
+# unpacks the Debian packages of .devdeps/ (scripts/fetch_device_deps.sh) into a prefix, builds
+# taper with CUDA for sm_90 with that machine's nvcc, then runs the steps asked for and writes
+# their logs to $OUT:
+#   test      the CUDA suites (taper_tests --gtest_filter=Cuda*), then the whole suite
+#   sanitize  compute-sanitizer memcheck and racecheck on the CUDA suites
+#   bench     bench_cuda (JSON + console)
+#   finetune  the main job on the GPU for 20 steps, and on the CPU for comparison
+# Usage: bash scripts/gpu_run.sh test sanitize bench
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out/gpu}
+mkdir -p "$OUT"
+D=/opt/taperdeps
+T0=$SECONDS
+log() { echo "== [$((SECONDS - T0)) s] $*" | tee -a "$OUT/summary.txt"; }
+
+if [ ! -d "$D" ]; then
+  mkdir -p "$D"
+  for f in .devdeps/*.deb; do dpkg -x "$f" "$D"; done
+  find "$D" -name '*.pc' -exec sed -i "s#=/usr/#=$D/usr/#" {} +
+fi
+LIB=$D/usr/lib/x86_64-linux-gnu
+export LD_LIBRARY_PATH=$LIB:$LIB/openblas-pthread:${LD_LIBRARY_PATH:-}
+export PKG_CONFIG_PATH=$LIB/openblas-pthread/pkgconfig:$LIB/pkgconfig
+log "commit ${TAPER_COMMIT:-unknown}"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/summary.txt"
+nvcc --version | tail -1 | tee -a "$OUT/summary.txt"
+
+log "configure + build"
+cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DTAPER_ASSERTS=ON -DTAPER_CUDA=ON \
+  -DTAPER_HWY_STATIC_ONLY=ON -DCMAKE_PREFIX_PATH="$D/usr" -DPKG_CONFIG_EXECUTABLE="$D/usr/bin/pkgconf" \
+  >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+cmake --build build/gpu -j"$(nproc)" >"$OUT/build.log" 2>&1 || { grep -E "error" -A5 "$OUT/build.log" | head -80; exit 1; }
+log "built"
+
+for step in "$@"; do
+  case "$step" in
+    test)
+      log "CUDA suites"
+      ./build/gpu/tests/taper_tests --gtest_filter='Cuda*' --gtest_brief=1 >"$OUT/test_cuda.log" 2>&1
+      log "CUDA suites rc=$? : $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/test_cuda.log" | tr '\n' ' ')"
+      grep -E '^\[  FAILED  \]' "$OUT/test_cuda.log" | head -40
+      log "whole suite"
+      ./build/gpu/tests/taper_tests --gtest_brief=1 >"$OUT/test_all.log" 2>&1
+      log "whole suite rc=$? : $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/test_all.log" | tr '\n' ' ')"
+      grep -E '^\[  FAILED  \]' "$OUT/test_all.log" | head -40
+      ;;
+    sanitize)
+      for tool in memcheck racecheck; do
+        log "compute-sanitizer $tool"
+        compute-sanitizer --tool "$tool" --error-exitcode 9 \
+          ./build/gpu/tests/taper_tests --gtest_filter="${SANITIZE_FILTER:-Cuda*}" --gtest_brief=1 \
+          >"$OUT/sanitize_$tool.log" 2>&1
+        log "compute-sanitizer $tool rc=$? : $(grep -E 'ERROR SUMMARY|^\[  (PASSED|FAILED) ' "$OUT/sanitize_$tool.log" | tr '\n' ' ')"
+      done
+      ;;
+    bench)
+      log "bench_cuda"
+      ./build/gpu/benches/bench_cuda --benchmark_min_time=0.2 --benchmark_repetitions=3 \
+        --benchmark_report_aggregates_only=true --benchmark_out="$OUT/bench_cuda.json" \
+        --benchmark_out_format=json >"$OUT/bench_cuda.txt" 2>&1
+      log "bench_cuda rc=$?"
+      grep -E "median" "$OUT/bench_cuda.txt" | head -60
+      ;;
+    finetune)
+      log "finetune --device cuda --steps 20"
+      ./build/gpu/examples/finetune/finetune --device cuda --steps 20 >"$OUT/finetune_cuda.log" 2>&1
+      log "finetune cuda rc=$?"
+      tail -5 "$OUT/finetune_cuda.log"
+      ;;
+    *) echo "gpu_run: unknown step $step"; exit 2 ;;
+  esac
+done
+log "done"
