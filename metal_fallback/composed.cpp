@@ -131,8 +131,20 @@ std::vector<Tensor> log_softmax_bwd_fn(const std::vector<Tensor>& in, const OpAt
   return softmax_bwd_from_stats(in, true);
 }
 
+/// The AdamW update from primitive ops, in = {w, g, m, v}, attrs.reals = {decay, b1, b2, eps,
+/// step_size, bc2_sqrt}: the same operations in the same order as cpu/optim.cpp's kernel.
+std::vector<Tensor> adamw_step_fn(const std::vector<Tensor>& in, const OpAttrs& a) {
+  const Tensor &w = in[0], &g = in[1], &m = in[2], &v = in[3];
+  const std::vector<double>& r = a.reals;
+  const Tensor m1 = m + (g - m) * (1.0 - r[1]);
+  const Tensor v1 = v * r[2] + (g * g) * (1.0 - r[2]);
+  const Tensor w1 = w * r[0] - (m1 / (v1.sqrt() / r[5] + r[3])) * r[4];
+  return {w1, m1, v1};
+}
+
 struct Registrar {
   Registrar() {
+    register_composed(OpId::adamw_step, &adamw_step_fn);
     register_composed(OpId::softmax_last_dim, &softmax_fn);
     register_composed(OpId::log_softmax_last_dim, &log_softmax_fn);
     register_composed(OpId::softmax_last_dim_bwd, &softmax_bwd_fn);

@@ -20,6 +20,7 @@ using namespace taper::nn;
 using testing::all_close;
 using testing::random_tensor;
 using testing::values;
+using testing::test_devices;
 
 Var scalar_var(double v, DType dt = DType::F64) {
   return Var::from_tensor(Tensor::full({1}, v, dt));
@@ -84,23 +85,36 @@ TEST(NnOptim, AdamWHandComputed) {
 }
 
 TEST(NnOptim, AdamWFusedMatchesComposed) {
-  for (DType dt : {DType::F32, DType::F64, DType::BF16}) {
-    const Tensor init = random_tensor({37, 5}, dt, 1);
-    Var a = Var::from_tensor(init), b = Var::from_tensor(init);
-    AdamW fa({a}, AdamWOptions(3e-2).fused(true)), fb({b}, AdamWOptions(3e-2).fused(false));
-    for (int s = 0; s < 5; ++s) {
-      const Tensor g = random_tensor({37, 5}, dt, 10 + s);
-      GradStore ga, gb;
-      ga.insert(a, g);
-      gb.insert(b, g);
-      fa.step(ga);
-      fb.step(gb);
+  // The adamw_step op (its kernel), the op's composed form (ComposedOnlyGuard) and the
+  // tensor-op update (fused(false)) do the same operations in the same order: the same bits, on
+  // every device of test_devices().
+  for (Device dev : test_devices()) {
+    for (DType dt : {DType::F32, DType::F64, DType::BF16}) {
+      SCOPED_TRACE(dev.to_string() + " " + std::string(dtype_name(dt)));
+      const Tensor init = random_tensor({37, 5}, dt, dev, 1);
+      Var a = Var::from_tensor(init), b = Var::from_tensor(init), c = Var::from_tensor(init);
+      const AdamWOptions o = AdamWOptions(3e-2).weight_decay(0.05);
+      AdamW fa({a}, AdamWOptions(o).fused(true)), fb({b}, AdamWOptions(o).fused(false)),
+          fc({c}, AdamWOptions(o).fused(true));
+      for (int s = 0; s < 5; ++s) {
+        const Tensor g = random_tensor({37, 5}, dt, dev, 10 + s);
+        GradStore ga, gb, gc;
+        ga.insert(a, g);
+        gb.insert(b, g);
+        gc.insert(c, g);
+        fa.step(ga);
+        fb.step(gb);
+        ComposedOnlyGuard composed({OpId::adamw_step});
+        fc.step(gc);
+      }
+      EXPECT_EQ(values(a), values(b));
+      EXPECT_EQ(values(a), values(c));
+      EXPECT_NE(values(a), values(init));
     }
-    // Same formula, same operation order up to the compiler's contraction: a few ulps.
-    const double tol = dt == DType::F64 ? 1e-14 : dt == DType::F32 ? 1e-6 : 1e-2;
-    EXPECT_TRUE(all_close(values(a), values(b), tol, tol)) << dtype_name(dt);
   }
 }
+
+TAPER_COVERS(Forward, OpId::adamw_step);
 
 TEST(NnOptim, HalfParametersKeepF32MasterAndMoments) {
   // bf16 has 8 bits of precision: 1 - 0.001 rounds back to 1 (f16, 11 bits: 1 - 0.0001 does).

@@ -290,7 +290,7 @@ constexpr BwdFn bwd_fill = nullptr, bwd_arange = nullptr, bwd_rand_uniform = nul
                 bwd_rand_normal = nullptr, bwd_eq = nullptr, bwd_ne = nullptr, bwd_lt = nullptr,
                 bwd_le = nullptr, bwd_gt = nullptr, bwd_ge = nullptr, bwd_argmax = nullptr,
                 bwd_argmin = nullptr, bwd_softmax_last_dim_bwd = nullptr,
-                bwd_log_softmax_last_dim_bwd = nullptr;
+                bwd_log_softmax_last_dim_bwd = nullptr, bwd_adamw_step = nullptr;
 
 }  // namespace
 

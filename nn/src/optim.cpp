@@ -1,59 +1,29 @@
-// optim.cpp: Optimizer bookkeeping, SGD, AdamW (fused CPU loop and composed tensor-op form),
-// clip_grad_norm, learning-rate schedules.
+// optim.cpp: Optimizer bookkeeping, SGD, AdamW (the adamw_step registry op, or the same update
+// from tensor ops), clip_grad_norm, learning-rate schedules.
 #include "taper/nn/optim.h"
+
+#include "taper/op.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <set>
-#include <thread>
 #include <unordered_map>
 
 namespace taper::nn {
 
 namespace {
 
-// A copy that shares nothing with `t` (the fused AdamW updates its moments in place).
+// A copy that shares no storage with `t`, on t's device (state_dict hands out copies, so a
+// caller that keeps them holds a snapshot).
 Tensor clone(const Tensor& t) {
   const Tensor c = t.detach().contiguous();
-  Tensor out = Tensor::empty(c.shape(), c.dtype(), Device::cpu());
-  if (c.device().is_cpu()) {
-    if (c.elem_count()) std::memcpy(out.data_ptr(), c.data_ptr(), c.elem_count() * dtype_size(c.dtype()));
-    return out;
-  }
-  c.copy_to_host(out.data_ptr(), c.dtype());
-  return out.to_device(c.device());
-}
-
-// Runs f(begin, end) over [0, n) on a few threads when n is large (one pass over memory is
-// bandwidth-bound; a second core still helps), inline otherwise.
-template <class F> void split(size_t n, F&& f) {
-  const size_t kMinPerThread = size_t(1) << 18;
-  const size_t t = std::min(taper::num_threads(), std::max<size_t>(1, n / kMinPerThread));
-  if (t <= 1) return f(size_t(0), n);
-  std::vector<std::thread> pool;
-  const size_t chunk = (n + t - 1) / t;
-  for (size_t k = 1; k < t; ++k)
-    pool.emplace_back([&, k] { f(std::min(n, k * chunk), std::min(n, (k + 1) * chunk)); });
-  f(0, std::min(n, chunk));
-  for (auto& th : pool) th.join();
-}
-
-// One AdamW update over [b, e), torch.optim.AdamW's single-tensor formula (lerp for the first
-// moment, addcmul for the second, denominator sqrt(v)/sqrt(bc2) + eps), in T (f32 or f64).
-template <class T>
-void adamw_range(const T* w, T* out, const T* g, T* m, T* v, size_t b, size_t e, T decay, T b1,
-                 T b2, T eps, T step_size, T bc2_sqrt) {
-  const T one_minus_b1 = T(1) - b1, one_minus_b2 = T(1) - b2;
-  for (size_t i = b; i < e; ++i) {
-    const T gi = g[i];
-    const T mi = m[i] + one_minus_b1 * (gi - m[i]);
-    const T vi = b2 * v[i] + one_minus_b2 * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    const T denom = std::sqrt(vi) / bc2_sqrt + eps;
-    out[i] = w[i] * decay - step_size * (mi / denom);
-  }
+  Tensor out = Tensor::empty(c.shape(), c.dtype(), c.device());
+  const size_t n = c.elem_count() * dtype_size(c.dtype());
+  if (n)
+    device_backend(c.device().kind()).copy_device(c.device(), out.data_ptr(), c.device(),
+                                                  c.data_ptr(), n);
+  return out;
 }
 
 }  // namespace
@@ -248,35 +218,24 @@ void AdamW::update(Var& p, State& s, const Tensor& g, double wd) {
   const Tensor gc = g.to_dtype(cd).contiguous();
   Tensor w = compute_value(p, s);
 
-  if (options_.fused() && p.device().is_cpu()) {
-    w = w.contiguous();
-    // Moments and a half parameter's master are ours alone: updated in place. An f32/f64
-    // parameter's storage may be seen by others (a tensor the caller kept): written anew.
-    const bool in_place = is_half(p.dtype());
-    Tensor out = in_place ? w : Tensor::empty(p.shape(), cd, Device::cpu());
-    const size_t n = p.elem_count();
-    visit_dtype(cd, [&](auto tag) {
-      using T = decltype(tag);
-      if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-        const T* wp = w.data<T>();
-        T* op = out.data<T>();
-        const T* gp = gc.data<T>();
-        T* mp = s.slot0.data<T>();
-        T* vp = s.slot1.data<T>();
-        split(n, [&](size_t b, size_t e) {
-          adamw_range<T>(wp, op, gp, mp, vp, b, e, T(decay), T(b1), T(b2), T(eps), T(step_size),
-                         T(bc2_sqrt));
-        });
-      }
-    });
-    write_back(p, s, out);
+  if (options_.fused()) {
+    // One registry op (a kernel per device, a composed form elsewhere): the same bits as the
+    // tensor-op form below.
+    OpAttrs a;
+    a.reals = {decay, b1, b2, eps, step_size, bc2_sqrt};
+    const std::vector<Tensor> r =
+        dispatch(OpId::adamw_step, {w.contiguous(), gc, s.slot0, s.slot1}, a);
+    s.slot0 = r[1];
+    s.slot1 = r[2];
+    write_back(p, s, r[0]);
     return;
   }
-  if (wd != 0.0) w = w * decay;
-  s.slot0 = s.slot0 + (gc - s.slot0) * (1.0 - b1);
-  s.slot1 = s.slot1 * b2 + gc.sqr() * (1.0 - b2);
-  const Tensor denom = s.slot1.sqrt() / bc2_sqrt + eps;
-  write_back(p, s, w - (s.slot0 / denom) * step_size);
+  // The same update from tensor ops (AdamWOptions::fused(false)), in the op's order.
+  const Tensor m1 = s.slot0 + (gc - s.slot0) * (1.0 - b1);
+  const Tensor v1 = s.slot1 * b2 + (gc * gc) * (1.0 - b2);
+  s.slot0 = m1;
+  s.slot1 = v1;
+  write_back(p, s, w * decay - (m1 / (v1.sqrt() / bc2_sqrt + eps)) * step_size);
 }
 
 // ---- clipping and schedules -----------------------------------------------------------------------

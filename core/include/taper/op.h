@@ -88,7 +88,9 @@ namespace taper {
   X(log_softmax_last_dim_bwd, 3, 1, false)     \
   X(rms_norm, 2, 1, true)                     \
   X(layer_norm, 3, 1, true)                   \
-  X(group_norm, 3, 1, true)
+  X(group_norm, 3, 1, true)                   \
+  /* optim (updates of the optimizers; outputs are the new tensors) */ \
+  X(adamw_step, 4, 3, false)
 
 /// Every op. `OpId::Count` is the table size.
 enum class OpId : uint16_t {
@@ -110,6 +112,7 @@ struct OpAttrs {
   DType dtype = DType::F32;    ///< target dtype (to_dtype, creation ops)
   Device device = Device::cpu();  ///< target device (creation ops)
   uint64_t seed = 0;
+  std::vector<double> reals;   ///< further scalars (adamw_step: decay, b1, b2, eps, lr/bc1, sqrt(bc2))
 };
 
 /// A kernel: computes the outputs of one op on one device. It receives the inputs as given
