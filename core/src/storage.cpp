@@ -6,6 +6,7 @@
 // On a device the host can address (the CPU), each block carries a 64-byte guard after the
 // requested bytes, checked at free: a kernel that writes past its output is reported (the
 // sentinel check of the test suite). GPU blocks are checked by compute-sanitizer instead.
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
@@ -46,7 +47,8 @@ class Cache {
                 " bytes asked for");
     DeviceBackend& be = device_backend(dev_.kind());
     const bool guard = be.host_accessible();
-    const size_t cls = size_class(nbytes + (guard ? kGuard : 0));
+    // A zero-byte request still gets a real block (cudaMalloc(0) returns no pointer).
+    const size_t cls = size_class(std::max<size_t>(1, nbytes + (guard ? kGuard : 0)));
     void* p = nullptr;
     if (enabled_) {
       std::lock_guard<std::mutex> g(mu_);
@@ -82,7 +84,7 @@ class Cache {
         }
       }
     }
-    const size_t cls = size_class(nbytes + (guard ? kGuard : 0));
+    const size_t cls = size_class(std::max<size_t>(1, nbytes + (guard ? kGuard : 0)));
     if (enabled_) {
       std::lock_guard<std::mutex> gl(mu_);
       free_[cls].push_back(p);

@@ -1,0 +1,434 @@
+// bench_cuda.cpp: Google Benchmark program for taper's CUDA backend: bandwidth-bound primitives
+// against a device-to-device copy, the host cost of one op call, matmul against cuBLAS called
+// directly, and the fused ops against their composed forms.
+//
+// What it is: device time measured from the host: every timed iteration queues its work on
+// taper's stream of cuda:0 and ends with taper::synchronize(Device::cuda()), under wall time
+// (UseRealTime). Rates are bytes/s of the minimal traffic (SetBytesProcessed: every input read
+// once, every output written once) or TFLOP/s (2*M*N*K per matmul). The one exception is
+// BM_cuda_op_overhead, which times the host alone (see there). Every benchmark skips (SkipWithError)
+// when no CUDA device is present.
+//   BM_cuda_memcpy_d2d         cudaMemcpyAsync D2D of 2^28 f32 (1 GiB); bytes 2 * 4 * n
+//   BM_cuda_add_f32            a + b, 2^28 f32 each; bytes 3 * 4 * n (target >= 90% of the copy)
+//   BM_cuda_sum_last_dim_f32   x.sum({1}) of (16384, 16384) f32; bytes 4 * n, the input read
+//                              (the 64 KiB output is not counted; target >= 85% of the copy)
+//   BM_cuda_op_overhead        host microseconds per `x + y` call on 1-element tensors
+//                              (counter us_per_op; target <= 5)
+//   BM_cuda_matmul_taper/<dt>  a.matmul(b), 4096^3, f32 (TF32 off) and bf16; counter TFLOP/s
+//   BM_cuda_matmul_cublas/<dt> cublasGemmEx on the same shapes, on its own handle configured as
+//                              taper's (taper's stream, the same math mode and compute type);
+//                              target taper >= 95% of it
+//   BM_cuda_<op>_<fwd|fwd_bwd>_<fused|composed>/<dt>/<shape>
+//                              softmax_last_dim, rms_norm, layer_norm at (16384, 1024) and
+//                              group_norm at (8, 32, 64, 64) with 8 groups, f32 and bf16; bytes
+//                              as bench_fused.cpp's minimal_bytes; counter fused_kernel = 1 when
+//                              a fused CUDA kernel exists (0: both paths ran the composed form)
+// What it is not: a correctness check (tests/ do that).
+#include <benchmark/benchmark.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "taper/taper.h"
+
+// taper's stream of a device, from cuda/backend.cu (declared in cuda/cuda_common.cuh, which holds
+// device code and does not compile as host C++; the library exports the symbol).
+namespace taper::cuda {
+cudaStream_t stream(int ordinal);
+}  // namespace taper::cuda
+
+namespace {
+
+using taper::Device;
+using taper::DeviceKind;
+using taper::DType;
+using taper::OpId;
+using taper::Shape;
+using taper::Tensor;
+using taper::Var;
+
+constexpr size_t kStreamElems = size_t{1} << 28;  // 1 GiB of f32
+constexpr size_t kSumRows = 16384, kSumCols = 16384;
+constexpr size_t kMatDim = 4096;
+constexpr int kOverheadCalls = 1000;
+constexpr double kEps = 1e-5;
+
+const Device kGpu = Device::cuda(0);
+
+/// Skips the benchmark when no CUDA device is present; true when it may run.
+bool have_gpu(benchmark::State& st) {
+  if (taper::device_available(DeviceKind::Cuda)) return true;
+  st.SkipWithError("no CUDA device present");
+  return false;
+}
+
+void sync() { taper::synchronize(kGpu); }
+
+/// Aborts the benchmark on a CUDA or cuBLAS error (no exceptions through the benchmark loop).
+bool cuda_ok(benchmark::State& st, cudaError_t e) {
+  if (e == cudaSuccess) return true;
+  st.SkipWithError(cudaGetErrorString(e));
+  return false;
+}
+bool cublas_ok(benchmark::State& st, cublasStatus_t s) {
+  if (s == CUBLAS_STATUS_SUCCESS) return true;
+  st.SkipWithError(cublasGetStatusString(s));
+  return false;
+}
+
+// ---- D2D copy on taper's stream: the device's bandwidth. Bytes: read + write, 2 * 4 * n.
+void BM_cuda_memcpy_d2d(benchmark::State& st) {
+  if (!have_gpu(st)) return;
+  const size_t n = kStreamElems, bytes = 4 * n;
+  const Tensor src = Tensor::randn(Shape({n}), DType::F32, kGpu, 1);
+  const Tensor dst = Tensor::empty(Shape({n}), DType::F32, kGpu);
+  const cudaStream_t s = taper::cuda::stream(0);
+  if (!cuda_ok(st, cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), bytes,
+                                   cudaMemcpyDeviceToDevice, s)))
+    return;
+  sync();
+  for (auto _ : st) {
+    const cudaError_t e =
+        cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), bytes, cudaMemcpyDeviceToDevice, s);
+    sync();
+    if (!cuda_ok(st, e)) break;
+  }
+  st.SetBytesProcessed(static_cast<int64_t>(st.iterations()) * static_cast<int64_t>(2 * bytes));
+}
+
+// ---- elementwise add, a fresh output per call (the caching allocator serves a reused block).
+// Bytes: read a and b, write c: 3 * 4 * n.
+void BM_cuda_add_f32(benchmark::State& st) {
+  if (!have_gpu(st)) return;
+  const size_t n = kStreamElems;
+  const Tensor a = Tensor::randn(Shape({n}), DType::F32, kGpu, 1);
+  const Tensor b = Tensor::randn(Shape({n}), DType::F32, kGpu, 2);
+  { Tensor warm = a + b; }
+  sync();
+  for (auto _ : st) {
+    Tensor c = a + b;
+    sync();
+    benchmark::DoNotOptimize(c.data_ptr());
+  }
+  st.SetBytesProcessed(static_cast<int64_t>(st.iterations()) * static_cast<int64_t>(3 * 4 * n));
+}
+
+// ---- row sums of (16384, 16384) f32. Bytes: the input read, 4 * rows * cols.
+void BM_cuda_sum_last_dim_f32(benchmark::State& st) {
+  if (!have_gpu(st)) return;
+  const Tensor x = Tensor::randn(Shape({kSumRows, kSumCols}), DType::F32, kGpu, 3);
+  { Tensor warm = x.sum({1}); }
+  sync();
+  for (auto _ : st) {
+    Tensor y = x.sum({1});
+    sync();
+    benchmark::DoNotOptimize(y.data_ptr());
+  }
+  st.SetBytesProcessed(static_cast<int64_t>(st.iterations()) *
+                       static_cast<int64_t>(4 * kSumRows * kSumCols));
+}
+
+// ---- host cost of one op call: kOverheadCalls `x + y` on 1-element tensors, timed on the host
+// only (manual time: the calls' host time, without waiting for the device); the stream is
+// drained after the timed part of each iteration, so queued launches never pile up. Counter
+// us_per_op: host microseconds per call; items/s: calls per second.
+void BM_cuda_op_overhead(benchmark::State& st) {
+  if (!have_gpu(st)) return;
+  const Tensor x = Tensor::randn(Shape({1}), DType::F32, kGpu, 4);
+  const Tensor y = Tensor::randn(Shape({1}), DType::F32, kGpu, 5);
+  { Tensor warm = x + y; }
+  sync();
+  double host_s = 0.0;
+  for (auto _ : st) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kOverheadCalls; ++i) {
+      Tensor z = x + y;
+      benchmark::DoNotOptimize(z.data_ptr());
+    }
+    const auto t1 = std::chrono::steady_clock::now();
+    const double s = std::chrono::duration<double>(t1 - t0).count();
+    st.SetIterationTime(s);
+    host_s += s;
+    sync();
+  }
+  const double calls = static_cast<double>(st.iterations()) * kOverheadCalls;
+  st.SetItemsProcessed(static_cast<int64_t>(calls));
+  st.counters["us_per_op"] = calls > 0 ? host_s * 1e6 / calls : 0.0;
+}
+
+// ---- matmul 4096^3: taper against cuBLAS called directly on the same buffers.
+
+/// The bench's own cuBLAS handle on taper's stream, configured as cuda/matmul.cu configures
+/// taper's: default math with reduced-precision reductions disallowed.
+cublasHandle_t bench_handle(benchmark::State& st) {
+  static cublasHandle_t h = nullptr;  // leaked at exit, as taper's
+  if (h) return h;
+  const cudaStream_t s = taper::cuda::stream(0);  // also makes cuda:0 current
+  cublasHandle_t nh = nullptr;
+  if (!cublas_ok(st, cublasCreate(&nh))) return nullptr;
+  if (!cublas_ok(st, cublasSetStream(nh, s)) ||
+      !cublas_ok(st, cublasSetMathMode(nh, static_cast<cublasMath_t>(
+                                               CUBLAS_DEFAULT_MATH |
+                                               CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)))) {
+    (void)cublasDestroy(nh);
+    return nullptr;
+  }
+  h = nh;
+  return h;
+}
+
+void matmul_counters(benchmark::State& st) {
+  const double flop = 2.0 * static_cast<double>(kMatDim) * kMatDim * kMatDim;
+  const double iters = static_cast<double>(st.iterations());
+  st.SetItemsProcessed(static_cast<int64_t>(flop * iters));  // items/s reads as FLOP/s
+  st.counters["TFLOP/s"] = benchmark::Counter(flop * iters / 1e12, benchmark::Counter::kIsRate);
+}
+
+struct MatmulOperands {
+  Tensor a, b;
+};
+MatmulOperands matmul_operands(DType dt) {
+  const Shape s({kMatDim, kMatDim});
+  return {Tensor::randn(s, DType::F32, kGpu, 6).to_dtype(dt),
+          Tensor::randn(s, DType::F32, kGpu, 7).to_dtype(dt)};
+}
+
+void run_matmul_taper(benchmark::State& st, DType dt) {
+  if (!have_gpu(st)) return;
+  taper::set_cuda_allow_tf32(false);
+  const MatmulOperands o = matmul_operands(dt);
+  { Tensor warm = o.a.matmul(o.b); }
+  sync();
+  for (auto _ : st) {
+    Tensor c = o.a.matmul(o.b);
+    sync();
+    benchmark::DoNotOptimize(c.data_ptr());
+  }
+  matmul_counters(st);
+}
+
+void run_matmul_cublas(benchmark::State& st, DType dt) {
+  if (!have_gpu(st)) return;
+  const cublasHandle_t h = bench_handle(st);
+  if (!h) return;
+  const MatmulOperands o = matmul_operands(dt);
+  const Tensor c = Tensor::empty(Shape({kMatDim, kMatDim}), dt, kGpu);
+  const cudaDataType_t ty = dt == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
+  const int d = static_cast<int>(kMatDim);
+  const float one = 1.0f, zero = 0.0f;
+  // Row-major C = A B as column-major C^T = B^T A^T, as taper calls it (TF32 off for f32).
+  const auto gemm = [&] {
+    return cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, d, d, d, &one, o.b.data_ptr(), ty, d,
+                        o.a.data_ptr(), ty, d, &zero, c.data_ptr(), ty, d, CUBLAS_COMPUTE_32F,
+                        CUBLAS_GEMM_DEFAULT);
+  };
+  if (!cublas_ok(st, gemm())) return;
+  sync();
+  for (auto _ : st) {
+    const cublasStatus_t s = gemm();
+    sync();
+    if (!cublas_ok(st, s)) break;
+  }
+  matmul_counters(st);
+}
+
+// ---- fused against composed (forward, and forward+backward via y.backward(up)).
+
+enum class Op { Softmax, RmsNorm, LayerNorm, GroupNorm };
+
+struct Case {
+  Op op;
+  std::vector<size_t> shape;
+  size_t groups;  // group norm only
+  DType dt;
+};
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::Softmax: return "softmax";
+    case Op::RmsNorm: return "rms_norm";
+    case Op::LayerNorm: return "layer_norm";
+    case Op::GroupNorm: return "group_norm";
+  }
+  return "?";
+}
+
+OpId op_id(Op op) {
+  switch (op) {
+    case Op::Softmax: return OpId::softmax_last_dim;
+    case Op::RmsNorm: return OpId::rms_norm;
+    case Op::LayerNorm: return OpId::layer_norm;
+    case Op::GroupNorm: return OpId::group_norm;
+  }
+  return OpId::softmax_last_dim;
+}
+
+std::string shape_name(const Case& c) {
+  std::string s;
+  for (size_t i = 0; i < c.shape.size(); ++i) s += (i ? "x" : "") + std::to_string(c.shape[i]);
+  if (c.op == Op::GroupNorm) s += "_g" + std::to_string(c.groups);
+  return s;
+}
+
+size_t numel(const std::vector<size_t>& s) {
+  size_t n = 1;
+  for (size_t d : s) n *= d;
+  return n;
+}
+
+// Length of the affine parameters: the last dim (rms/layer norm), the channels (group norm).
+size_t param_len(const Case& c) { return c.op == Op::GroupNorm ? c.shape[1] : c.shape.back(); }
+
+// Minimal bytes of one call, as bench_fused.cpp (s = dtype size, n = elements, p = param_len):
+// softmax 2ns / 5ns; rms_norm 2ns + ps / 5ns + 3ps; layer and group norm 2ns + 2ps / 5ns + 5ps
+// (forward / forward+backward); saved statistics are not counted.
+double minimal_bytes(const Case& c, bool bwd) {
+  const double s = static_cast<double>(taper::dtype_size(c.dt));
+  const double n = static_cast<double>(numel(c.shape));
+  const double p = static_cast<double>(param_len(c));
+  switch (c.op) {
+    case Op::Softmax: return bwd ? 5 * n * s : 2 * n * s;
+    case Op::RmsNorm: return bwd ? 5 * n * s + 3 * p * s : 2 * n * s + p * s;
+    case Op::LayerNorm:
+    case Op::GroupNorm: return bwd ? 5 * n * s + 5 * p * s : 2 * n * s + 2 * p * s;
+  }
+  return 0;
+}
+
+Tensor make_randn(const std::vector<size_t>& shape, DType dt, uint64_t seed, double mean = 0.0,
+                  double std = 1.0) {
+  // Drawn in f32 on the device, then rounded once, so both dtypes see the same values.
+  Tensor t = Tensor::randn(Shape(shape), DType::F32, kGpu, seed, mean, std);
+  return dt == DType::F32 ? t : t.to_dtype(dt);
+}
+
+Tensor apply(const Case& c, bool fused, const Tensor& x, const Tensor& w, const Tensor& b) {
+  namespace F = taper::ops;
+  namespace C = taper::composed;
+  switch (c.op) {
+    case Op::Softmax: return fused ? F::softmax_last_dim(x) : C::softmax_last_dim(x);
+    case Op::RmsNorm: return fused ? F::rms_norm(x, w, kEps) : C::rms_norm(x, w, kEps);
+    case Op::LayerNorm: return fused ? F::layer_norm(x, w, b, kEps) : C::layer_norm(x, w, b, kEps);
+    case Op::GroupNorm:
+      return fused ? F::group_norm(x, c.groups, w, b, kEps) : C::group_norm(x, c.groups, w, b, kEps);
+  }
+  return {};
+}
+
+void fused_counters(benchmark::State& st, const Case& c, bool bwd, bool fused) {
+  st.SetBytesProcessed(
+      static_cast<int64_t>(minimal_bytes(c, bwd) * static_cast<double>(st.iterations())));
+  if (fused)
+    st.counters["fused_kernel"] = taper::has_kernel(op_id(c.op), kGpu, c.dt) ? 1.0 : 0.0;
+}
+
+void run_fused(benchmark::State& st, const Case& c, bool bwd, bool fused) {
+  if (!have_gpu(st)) return;
+  const size_t p = param_len(c);
+  const bool has_w = c.op != Op::Softmax;
+  const bool has_b = c.op == Op::LayerNorm || c.op == Op::GroupNorm;
+  if (!bwd) {
+    const Tensor x = make_randn(c.shape, c.dt, 11);
+    const Tensor w = has_w ? make_randn({p}, c.dt, 12, 1.0, 0.1) : Tensor();
+    const Tensor b = has_b ? make_randn({p}, c.dt, 13, 0.0, 0.1) : Tensor();
+    { Tensor warm = apply(c, fused, x, w, b); }
+    sync();
+    for (auto _ : st) {
+      Tensor y = apply(c, fused, x, w, b);
+      sync();
+      benchmark::DoNotOptimize(y.data_ptr());
+    }
+  } else {
+    const Var x = Var::from_tensor(make_randn(c.shape, c.dt, 11));
+    Var w, b;
+    if (has_w) w = Var::from_tensor(make_randn({p}, c.dt, 12, 1.0, 0.1));
+    if (has_b) b = Var::from_tensor(make_randn({p}, c.dt, 13, 0.0, 0.1));
+    const Tensor up = make_randn(c.shape, c.dt, 14);
+    { taper::GradStore warm = apply(c, fused, x, w, b).backward(up); }
+    sync();
+    for (auto _ : st) {
+      Tensor y = apply(c, fused, x, w, b);
+      taper::GradStore g = y.backward(up);
+      sync();
+      std::optional<Tensor> gx = g.get(x);
+      if (!gx) {
+        st.SkipWithError("no gradient reached x");
+        break;
+      }
+      benchmark::DoNotOptimize(gx->data_ptr());
+    }
+  }
+  fused_counters(st, c, bwd, fused);
+}
+
+std::vector<Case> fused_cases() {
+  std::vector<Case> out;
+  for (DType dt : {DType::F32, DType::BF16}) {
+    out.push_back({Op::Softmax, {16384, 1024}, 0, dt});
+    out.push_back({Op::RmsNorm, {16384, 1024}, 0, dt});
+    out.push_back({Op::LayerNorm, {16384, 1024}, 0, dt});
+    out.push_back({Op::GroupNorm, {8, 32, 64, 64}, 8, dt});
+  }
+  return out;
+}
+
+void register_all() {
+  const auto ms = benchmark::kMillisecond;
+  benchmark::RegisterBenchmark("BM_cuda_memcpy_d2d", BM_cuda_memcpy_d2d)->UseRealTime()->Unit(ms);
+  benchmark::RegisterBenchmark("BM_cuda_add_f32", BM_cuda_add_f32)->UseRealTime()->Unit(ms);
+  benchmark::RegisterBenchmark("BM_cuda_sum_last_dim_f32", BM_cuda_sum_last_dim_f32)
+      ->UseRealTime()
+      ->Unit(ms);
+  benchmark::RegisterBenchmark("BM_cuda_op_overhead", BM_cuda_op_overhead)
+      ->UseManualTime()
+      ->Unit(benchmark::kMicrosecond);
+  for (DType dt : {DType::F32, DType::BF16}) {
+    const std::string d(taper::dtype_name(dt));
+    benchmark::RegisterBenchmark(("BM_cuda_matmul_taper/" + d).c_str(), [dt](benchmark::State& st) {
+      run_matmul_taper(st, dt);
+    })->UseRealTime()->Unit(ms);
+    benchmark::RegisterBenchmark(("BM_cuda_matmul_cublas/" + d).c_str(), [dt](benchmark::State& st) {
+      run_matmul_cublas(st, dt);
+    })->UseRealTime()->Unit(ms);
+  }
+  for (const Case& c : fused_cases()) {
+    const std::string tail = "/" + std::string(taper::dtype_name(c.dt)) + "/" + shape_name(c);
+    for (bool bwd : {false, true}) {
+      for (bool fused : {true, false}) {
+        const std::string name = std::string("BM_cuda_") + op_name(c.op) +
+                                 (bwd ? "_fwd_bwd_" : "_fwd_") + (fused ? "fused" : "composed") +
+                                 tail;
+        benchmark::RegisterBenchmark(name.c_str(), [c, bwd, fused](benchmark::State& st) {
+          run_fused(st, c, bwd, fused);
+        })->UseRealTime()->Unit(ms);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  if (taper::device_available(DeviceKind::Cuda)) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
+      benchmark::AddCustomContext("cuda_device", prop.name);
+    benchmark::AddCustomContext("cuda_devices",
+                                std::to_string(taper::device_count(DeviceKind::Cuda)));
+  } else {
+    benchmark::AddCustomContext("cuda_device", "none (every benchmark skips)");
+  }
+  benchmark::AddCustomContext("tf32", "off");
+  taper::set_cuda_allow_tf32(false);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,157 @@
+// cuda_common.cuh: what every CUDA kernel family shares: error checks that become taper::Error,
+// the per-device stream, launch geometry, strided offsets for N operands, output allocation.
+//
+// Shape letters and conventions: n is an element count; operands are addressed in elements
+// (strides in elements, as Layout keeps them); every kernel computes in compute_t<T> (f32 for
+// bf16/f16/f32, f64 for f64, taper/portable.h) and rounds once with round_to<T> at the store.
+// Launches are asynchronous on the device's stream (stream(ordinal)); the host waits only where
+// it reads data (the backend's copies to the host).
+// What it is not: kernels (one .cu per op family, as in cpu/) or the allocator (backend.cu).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "taper/op.h"
+#include "taper/portable.h"
+#include "taper/tensor.h"
+
+namespace taper::cuda {
+
+/// Throws taper::Error naming the CUDA call, its error string, file:line and (when given) the op.
+[[noreturn]] void throw_cuda_error(cudaError_t e, const char* call, const char* file, int line,
+                                   const char* op = nullptr);
+
+/// Checks a CUDA runtime call; a failure becomes a taper::Error with the call and file:line.
+#define TAPER_CUDA_CHECK(call)                                                     \
+  do {                                                                             \
+    const cudaError_t taper_e_ = (call);                                           \
+    if (taper_e_ != cudaSuccess)                                                   \
+      ::taper::cuda::throw_cuda_error(taper_e_, #call, __FILE__, __LINE__);        \
+  } while (0)
+
+/// Checks the kernel launch just made for `op` (cudaGetLastError): a bad configuration becomes
+/// a taper::Error naming the op, the input shapes and file:line.
+void check_launch(const char* op, const std::vector<Tensor>& in, const char* file, int line);
+#define TAPER_CUDA_CHECK_LAUNCH(op, in) ::taper::cuda::check_launch(op, in, __FILE__, __LINE__)
+
+/// The stream every launch and copy on device `ordinal` goes to (created on first use, one per
+/// device, non-blocking). Also makes `ordinal` the calling thread's current device.
+cudaStream_t stream(int ordinal);
+/// stream() of a tensor's device.
+inline cudaStream_t stream_of(const Tensor& t) { return stream(t.device().ordinal()); }
+/// The properties of device `ordinal` (read once).
+const cudaDeviceProp& device_props(int ordinal);
+
+/// A bad index found inside a kernel. Each device has one record in mapped host memory; the first
+/// kernel thread that finds a bad index claims it (flag 0 -> 1), fills it and sets flag 2. The
+/// host reads it after the next stream synchronisation (every copy to the host and
+/// `synchronize`), and raises an Error naming the op, the index, the dim and its size, as the CPU
+/// kernels do at once. Nothing is written for a bad index, so no memory is corrupted meanwhile.
+struct KernelErrorRecord {
+  int flag;
+  int op;  ///< OpId
+  long long index, dim, size;
+};
+/// The device-side address of `ordinal`'s record (pass it to kernels that check indices).
+KernelErrorRecord* kernel_error_record(int ordinal);
+/// Raises the recorded error of `ordinal`, if any, and clears it (call after a stream sync).
+void raise_kernel_error(int ordinal);
+
+/// Records a bad index (device code); later reports of the same launch are dropped.
+__device__ inline void report_bad_index(KernelErrorRecord* rec, OpId op, long long index,
+                                        long long dim, long long size) {
+  if (atomicCAS(&rec->flag, 0, 1) == 0) {
+    rec->op = static_cast<int>(op);
+    rec->index = index;
+    rec->dim = dim;
+    rec->size = size;
+    __threadfence_system();
+    atomicExch(&rec->flag, 2);
+  }
+}
+
+/// Threads per block of the elementwise kernels.
+inline constexpr int kThreads = 256;
+
+/// Blocks for a grid-stride loop over n items: enough to fill every multiprocessor several
+/// times over, never more than the items need.
+unsigned grid_for(size_t n, int ordinal, int threads = kThreads);
+
+/// Most dims an operand keeps after coalescing (rank-1 dims dropped, dense neighbours merged).
+inline constexpr int kMaxDims = 12;
+
+/// Element offsets of N operands that share one shape: row-major index i -> each operand's
+/// offset (in elements) from its base pointer. Built on the host by make_strided (coalesced).
+template <int N> struct Strided {
+  int rank = 0;                      ///< coalesced dims, innermost last
+  int64_t dims[kMaxDims] = {};
+  int64_t strides[N][kMaxDims] = {};
+  /// Offsets of row-major element i.
+  __device__ __forceinline__ void offsets(int64_t i, int64_t (&off)[N]) const {
+#pragma unroll
+    for (int k = 0; k < N; ++k) off[k] = 0;
+    for (int d = rank - 1; d >= 0; --d) {
+      const int64_t q = i / dims[d];
+      const int64_t r = i - q * dims[d];
+      i = q;
+#pragma unroll
+      for (int k = 0; k < N; ++k) off[k] += r * strides[k][d];
+    }
+  }
+};
+
+/// The coalesced Strided<N> of `shape` with one stride vector per operand (each of shape's
+/// rank; 0 for broadcast dims). Throws Error when more than kMaxDims dims remain.
+template <int N>
+Strided<N> make_strided(const Shape& shape, const std::array<const std::vector<int64_t>*, N>& st) {
+  Strided<N> s;
+  std::vector<int64_t> dims;
+  std::array<std::vector<int64_t>, N> cs;
+  for (size_t i = 0; i < shape.rank(); ++i) {
+    if (shape[i] == 1) continue;
+    const int64_t d = static_cast<int64_t>(shape[i]);
+    if (!dims.empty()) {
+      bool merge = true;
+      for (int k = 0; k < N; ++k)
+        if (cs[k].back() != (*st[k])[i] * d) merge = false;
+      if (merge) {
+        dims.back() *= d;
+        for (int k = 0; k < N; ++k) cs[k].back() = (*st[k])[i];
+        continue;
+      }
+    }
+    dims.push_back(d);
+    for (int k = 0; k < N; ++k) cs[k].push_back((*st[k])[i]);
+  }
+  TAPER_CHECK(dims.size() <= static_cast<size_t>(kMaxDims), "cuda: shape ", shape.to_string(),
+              " has ", dims.size(), " dims after coalescing; at most ", kMaxDims, " supported");
+  s.rank = static_cast<int>(dims.size());
+  for (int d = 0; d < s.rank; ++d) {
+    s.dims[d] = dims[d];
+    for (int k = 0; k < N; ++k) s.strides[k][d] = cs[k][d];
+  }
+  return s;
+}
+
+/// Whether every operand of `s` is dense row-major over the same elements (offset = index).
+template <int N> bool is_dense(const Strided<N>& s) {
+  if (s.rank > 1) return false;
+  for (int k = 0; k < N; ++k)
+    if (s.rank == 1 && s.strides[k][0] != 1) return false;
+  return true;
+}
+
+/// A new contiguous tensor on `like`'s device.
+inline Tensor new_output(const Shape& shape, DType dt, const Tensor& like) {
+  return Tensor::empty(shape, dt, like.device());
+}
+
+/// A typed device pointer to element 0 of a view.
+template <class T> T* ptr(const Tensor& t) { return static_cast<T*>(t.data_ptr()); }
+
+}  // namespace taper::cuda

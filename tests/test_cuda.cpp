@@ -1,0 +1,2122 @@
+// test_cuda.cpp: the CUDA conformance suite: every op of the registry run on Device::cuda(0)
+// against the CPU computing the same thing on the same inputs.
+//
+// What it is: inputs made on the CPU (random_tensor, fixed seeds; never all zeros), moved to the
+// GPU; a strided layout is built on both devices by moving the contiguous storage tensor and
+// applying the same view op on each side (`on_both`: to_device of a view would give a contiguous
+// copy, and the GPU kernels would never see the strides). Then the op runs on both devices and
+// the GPU result is compared with the CPU result. Every suite is named Cuda* (scripts/gpu_run.sh
+// runs --gtest_filter='Cuda*'); every test skips where no CUDA device is present.
+// What it is not: a test of the CPU kernels against references (the other suites do that); the
+// CPU is the yardstick here.
+//
+// Comparisons:
+// - bit for bit (raw bytes of the same dtype; a NaN matches any NaN, since payloads are no part
+//   of the contract except where `copy` moves bits, compared with payloads): neg abs sqr relu
+//   sqrt recip affine clamp, add sub mul div maximum minimum, the comparisons, where_cond,
+//   mul_add, every integer op, copy, to_dtype (all 49 pairs), fill, arange, rand_uniform,
+//   rand_normal for bf16/f16/f32, max min (there -0 also matches +0: cuda/reduce.cu documents
+//   that the CPU's SIMD max may keep either zero) argmax argmin, index_select gather cat narrow
+//   narrow_bwd, scatter_add (cuda/index.cu adds in source order in the CPU's precision, so even
+//   random floats with 100000 rows on one index give the CPU's bits), sums of small integers
+//   (exact in any order, so the order of accumulation cannot matter), matmul with k == 0, and
+//   adamw_step (its CUDA kernel states the CPU's operation order).
+// - the transcendental unary ops within k units of the compute type's unit roundoff u_c (2^-24
+//   for bf16/f16/f32, 2^-53 for f64), relative to max(|cpu|, |gpu|) (gelu: times 1 + |2z|, the
+//   condition number of its sigmoid factor; see test_elementwise.cpp), plus 2 subnormal steps
+//   (times max(1, |x|)); for bf16/f16 one ulp of the half type more (both devices compute in f32
+//   and round once, and two f32 values a few u_c apart may round to neighbouring half values).
+//   k is the CPU's own bound against the long-double reference (test_elementwise.cpp) plus the
+//   CUDA libdevice maximum error (CUDA Programming Guide, 1 ulp = 2 u_c), rounded up:
+//
+//     op        k (u_c)   why
+//     exp       8         CPU 4 + expf 2 ulp (exp f64 1 ulp)
+//     log       8         CPU 4 + logf 1 ulp (log f64 1 ulp), headroom
+//     rsqrt     4         CPU 3 + 1/sqrt, two IEEE roundings on the GPU
+//     tanh      12        CPU 8 + tanhf 2 ulp
+//     sigmoid   16        CPU 8 + exp 2 ulp and the division's roundings
+//     silu      20        as sigmoid, one product more
+//     gelu      16        CPU 6 + the sigmoid form; scale |y| (1 + |2z|)
+//     gelu_erf  12        CPU 10 + the GPU's f64 erfcx algorithm (about 1 u_c)
+//     sin, cos  12        CPU 6 + sinf/cosf 2 ulp (f64 2 ulp)
+//     powf      8         CPU 4 + f32: pow in f64 rounded once; f64: pow 2 ulp
+//
+// - randn f64: within 4 ulp of |x - mean| + |mean| (Box-Muller's log, sin and cos are each
+//   device's libm: glibc under 1 ulp, CUDA's log 1 ulp and sin/cos 2 ulp; their worst cases add
+//   to about 4.5 ulp, a coincidence no sample here reaches; most values are bit-identical).
+// - sums: |gpu - ref| <= u_dt |ref| + 2 (n + 4) u_acc sum|x|, ref and sum|x| the CPU's f64 sums
+//   of the same values, n the reduced length, u_acc the accumulator's unit roundoff (f32 for the
+//   half types): the bound of any summation order, for both devices; the exact integer sums and
+//   the determinism tests (twice the same bits) are the tight checks.
+// - matmul: |gpu - cpu| <= 4 k u_c (|a| |b|) (+ one ulp of a half type): twice gamma_k for each
+//   device (|a| |b| computed on the CPU in f64); TF32 is switched off (its 2^-11 products would
+//   fail this by orders of magnitude).
+// - the fused ops (CUDA runs their composed forms) against the CPU fused kernels with
+//   test_fused.cpp's and test_fused_grad.cpp's tolerances for fused vs composed: forward f64
+//   1e-10 and f32 1e-5 relative to the rounding-floor scale, bf16/f16 one ulp + 64 u_c scale;
+//   also against the f64 reference at the rounding floor (ulp/2 + 64 u_c scale). Backward: f64
+//   1e-10, f32 1e-5 relative; bf16/f16 at the rounding floor of the f64 gradient (1.01 u
+//   relative + 1e-2 u max|ref|). softmax_last_dim_bwd ops: 1e-12 / 1e-5 / 1e-2 (1 + |ref|).
+// - gradients: grad_check's f64 central differences (tol 1e-6) of functions that move their CPU
+//   inputs to the GPU, compute there and move the result back (to_device is differentiable, so
+//   each case also sends a gradient across devices).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <random>
+#include <set>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <vector>
+
+#include "cpu/copy_cast_ref.h"
+#include "cpu/fused_ref.h"
+#include "tests/test_util.h"
+
+namespace taper::testing {
+namespace {
+
+const Device kCpu = Device::cpu();
+constexpr Device kGpu = Device::cuda(0);
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+constexpr DType kFloatTypes[] = {DType::BF16, DType::F16, DType::F32, DType::F64};
+constexpr DType kIntTypes[] = {DType::U8, DType::U32, DType::I64};
+constexpr DType kAllTypes[] = {DType::U8,  DType::U32, DType::I64, DType::BF16,
+                               DType::F16, DType::F32, DType::F64};
+
+// ---- fixtures: every test skips without a GPU --------------------------------------------------
+
+template <class Base> class OnCuda : public Base {
+ protected:
+  void SetUp() override {
+    if (!device_available(DeviceKind::Cuda)) GTEST_SKIP() << "no CUDA device: CUDA tests skipped";
+  }
+};
+template <class P> using CudaParamTest = OnCuda<::testing::TestWithParam<P>>;
+
+class CudaCoverage : public OnCuda<::testing::Test> {};
+class CudaElementwise : public OnCuda<::testing::Test> {};
+class CudaCopyCast : public OnCuda<::testing::Test> {};
+class CudaReduce : public OnCuda<::testing::Test> {};
+class CudaMatmul : public OnCuda<::testing::Test> {};
+class CudaIndex : public OnCuda<::testing::Test> {};
+class CudaFused : public OnCuda<::testing::Test> {};
+class CudaDevices : public OnCuda<::testing::Test> {};
+class CudaOptim : public OnCuda<::testing::Test> {};
+class CudaLarge : public OnCuda<::testing::Test> {};
+
+// ---- moving, views on both devices, comparisons ------------------------------------------------
+
+Tensor to_gpu(const Tensor& t) { return t.to_device(kGpu); }
+Tensor to_cpu(const Tensor& t) { return t.to_device(kCpu); }
+
+std::string param_name(std::string s) {
+  for (char& c : s)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return s;
+}
+
+template <class F> std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+/// One tensor held the same way (shape, strides, offset) on the CPU and on the GPU.
+struct Both {
+  Tensor cpu, gpu;
+};
+
+using ViewFn = std::function<Tensor(const Tensor&)>;
+
+/// `view` applied to the contiguous CPU tensor `storage` and to its copy on the GPU.
+Both make_both(const Tensor& storage, const ViewFn& view) {
+  NoGradGuard ng;
+  const Tensor s = storage.contiguous();
+  Both b{view(s), view(to_gpu(s))};
+  EXPECT_EQ(b.gpu.device(), kGpu);
+  // Strides of size-1 dims never matter (and a contiguous tensor may carry any there).
+  for (size_t d = 0; d < b.cpu.rank(); ++d)
+    if (b.cpu.dim(d) > 1)
+      EXPECT_EQ(b.gpu.strides()[d], b.cpu.strides()[d]) << "the view differs between the devices";
+  EXPECT_EQ(b.gpu.layout().offset, b.cpu.layout().offset);
+  return b;
+}
+
+/// t's values held with layout k on both devices: the views of with_layout (test_util.h), built
+/// from the same storage tensor on each side. Rank 0, and Broadcast of a tensor whose first dim
+/// is 0 (it has no first row), stay contiguous.
+Both on_both(const Tensor& t, LayoutKind k) {
+  NoGradGuard ng;
+  const Tensor c = t.contiguous();
+  const auto same = [](const Tensor& x) { return x; };
+  if (t.rank() == 0) return make_both(c, same);
+  switch (k) {
+    case LayoutKind::Contiguous:
+      return make_both(c, same);
+    case LayoutKind::Transposed:
+      if (t.rank() >= 2)
+        return make_both(c.transpose(-1, -2).contiguous(),
+                         [](const Tensor& x) { return x.transpose(-1, -2); });
+      [[fallthrough]];
+    case LayoutKind::Narrowed: {
+      std::vector<size_t> pad1 = t.dims(), pad2 = t.dims();
+      pad1.back() = 1;
+      pad2.back() = 2;
+      const Tensor big = Tensor::cat({Tensor::full(Shape(pad1), 7.0, t.dtype()), c,
+                                      Tensor::full(Shape(pad2), 7.0, t.dtype())},
+                                     -1);
+      const size_t n = t.dims().back();
+      return make_both(big, [n](const Tensor& x) { return x.narrow(-1, 1, n); });
+    }
+    case LayoutKind::Broadcast: {
+      if (t.dim(0) == 0) return make_both(c, same);
+      const Shape s = t.shape();
+      return make_both(c.narrow(0, 0, 1).contiguous(),
+                       [s](const Tensor& x) { return x.broadcast_as(s); });
+    }
+  }
+  return make_both(c, same);
+}
+
+/// The value of one element of dtype dt stored at p, as double.
+double value_at(DType dt, const unsigned char* p) {
+  return visit_dtype(dt, [&](auto tag) {
+    using T = decltype(tag);
+    T v;
+    std::memcpy(&v, p, sizeof(T));
+    return static_cast<double>(v);
+  });
+}
+
+std::string describe(DType dt, const unsigned char* p) {
+  uint64_t bits = 0;
+  std::memcpy(&bits, p, dtype_size(dt));
+  char buf[64];
+  std::snprintf(buf, sizeof buf, " (bits 0x%llx)", static_cast<unsigned long long>(bits));
+  std::string s;
+  if (dt == DType::I64) {
+    int64_t v;
+    std::memcpy(&v, p, 8);
+    s = std::to_string(v);
+  } else {
+    char vb[40];
+    std::snprintf(vb, sizeof vb, "%.17g", value_at(dt, p));
+    s = vb;
+  }
+  return s + buf;
+}
+
+/// How same_bits treats the float values whose bits may legitimately differ.
+enum class Cmp {
+  Bits,    ///< every byte, NaN payloads included (copy moves bits)
+  NanAny,  ///< every byte, but a NaN matches any NaN (payloads are no part of the contract)
+  Value,   ///< NanAny, and -0 matches +0 (the sign of a zero max/min, see cuda/reduce.cu)
+};
+
+/// got (a GPU result) equals want (the CPU's) bit for bit: same dtype and shape, the same bytes
+/// per element, up to `cmp`.
+::testing::AssertionResult same_bits(const Tensor& got, const Tensor& want, Cmp cmp = Cmp::NanAny) {
+  if (got.dtype() != want.dtype())
+    return ::testing::AssertionFailure()
+           << "dtype " << dtype_name(got.dtype()) << " vs " << dtype_name(want.dtype());
+  if (got.shape() != want.shape())
+    return ::testing::AssertionFailure()
+           << "shape " << got.shape().to_string() << " vs " << want.shape().to_string();
+  const Tensor g = to_cpu(got).contiguous(), w = to_cpu(want).contiguous();
+  const DType dt = g.dtype();
+  const size_t n = g.elem_count(), es = dtype_size(dt);
+  if (n == 0) return ::testing::AssertionSuccess();
+  const auto* pg = static_cast<const unsigned char*>(g.data_ptr());
+  const auto* pw = static_cast<const unsigned char*>(w.data_ptr());
+  if (std::memcmp(pg, pw, n * es) == 0) return ::testing::AssertionSuccess();
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (std::memcmp(pg + i * es, pw + i * es, es) == 0) continue;
+    if (cmp != Cmp::Bits && is_float(dt)) {
+      const double a = value_at(dt, pg + i * es), b = value_at(dt, pw + i * es);
+      if (std::isnan(a) && std::isnan(b)) continue;
+      if (cmp == Cmp::Value && a == b) continue;
+    }
+    if (bad++ == 0) first = i;
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << bad << " of " << n << " " << dtype_name(dt) << " elements differ; first at " << first
+         << ": gpu " << describe(dt, pg + first * es) << ", cpu " << describe(dt, pw + first * es);
+}
+
+/// Element i passes when got == want (NaN matching NaN, an infinity the same infinity) or, both
+/// finite, |got - want| <= bound[i]. `in`: the inputs, named in the message.
+::testing::AssertionResult within(const std::vector<double>& got, const std::vector<double>& want,
+                                  const std::vector<double>& bound,
+                                  const std::vector<double>& in = {}) {
+  if (got.size() != want.size() || bound.size() != want.size())
+    return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
+  size_t bad = 0, first = 0;
+  double worst = 0;
+  size_t worst_i = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double g = got[i], w = want[i];
+    bool ok;
+    double ratio = 0;
+    if (std::isnan(g) || std::isnan(w)) {
+      ok = std::isnan(g) && std::isnan(w);
+    } else if (std::isinf(g) || std::isinf(w)) {
+      ok = g == w;
+    } else {
+      const double err = std::abs(g - w);
+      ok = err <= bound[i];
+      ratio = bound[i] > 0 ? err / bound[i] : (err > 0 ? 1e300 : 0);
+    }
+    if (!ok) ratio = std::max(ratio, 1e300);
+    if (ratio > worst) worst = ratio, worst_i = i;
+    if (!ok && bad++ == 0) first = i;
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  auto f = ::testing::AssertionFailure();
+  f << bad << " of " << got.size() << " elements outside the bound; first at " << first;
+  if (first < in.size()) f << " (input " << in[first] << ")";
+  f << ": gpu " << got[first] << " cpu " << want[first] << " bound " << bound[first];
+  f << "; worst at " << worst_i << ": gpu " << got[worst_i] << " cpu " << want[worst_i]
+    << " bound " << bound[worst_i];
+  return f;
+}
+
+/// A GPU result with the CPU result's dtype and shape, contiguous, on the GPU.
+::testing::AssertionResult gpu_result(const Tensor& g, const Tensor& c) {
+  if (g.device() != kGpu) return ::testing::AssertionFailure() << "on " << g.device().to_string();
+  if (g.dtype() != c.dtype())
+    return ::testing::AssertionFailure()
+           << "dtype " << dtype_name(g.dtype()) << " vs " << dtype_name(c.dtype());
+  if (g.shape() != c.shape())
+    return ::testing::AssertionFailure()
+           << "shape " << g.shape().to_string() << " vs " << c.shape().to_string();
+  if (!g.is_contiguous()) return ::testing::AssertionFailure() << "not contiguous";
+  return ::testing::AssertionSuccess();
+}
+
+/// The unit roundoff of the type `dt` computes in: f32 for bf16/f16/f32, f64 for f64.
+double compute_u(DType dt) { return unit_roundoff(dt == DType::F64 ? DType::F64 : DType::F32); }
+
+/// The spacing of dtype dt's values in the binade of v (subnormal spacing below the normals).
+double ulp_at(DType dt, double v) {
+  int p = 53, emin = -1022;
+  switch (dt) {
+    case DType::BF16: p = 8, emin = -126; break;
+    case DType::F16: p = 11, emin = -14; break;
+    case DType::F32: p = 24, emin = -126; break;
+    default: break;
+  }
+  const double a = std::abs(v);
+  const int e = a > 0 && std::isfinite(a) ? std::max(std::ilogb(a), emin) : emin;
+  return std::ldexp(1.0, e - p + 1);
+}
+
+/// The smallest positive (subnormal) value of dt.
+double tiny_of(DType dt) {
+  switch (dt) {
+    case DType::BF16: return std::ldexp(1.0, -133);
+    case DType::F16: return std::ldexp(1.0, -24);
+    case DType::F32: return std::ldexp(1.0, -149);
+    default: return std::numeric_limits<double>::denorm_min();
+  }
+}
+
+/// Random integers of dt: u8 over [0, 255], u32 over [0, 2^32), i64 over +-2^40 (so that sqr
+/// wraps) with small values and the extremes mixed in.
+Tensor random_ints(const Shape& s, DType dt, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const size_t n = s.elem_count();
+  switch (dt) {
+    case DType::U8: {
+      std::vector<uint8_t> v(n);
+      for (auto& e : v) e = static_cast<uint8_t>(rng());
+      return Tensor::from_vector(v, s);
+    }
+    case DType::U32: {
+      std::vector<uint32_t> v(n);
+      for (auto& e : v) e = static_cast<uint32_t>(rng());
+      return Tensor::from_vector(v, s);
+    }
+    default: {
+      std::vector<int64_t> v(n);
+      for (size_t i = 0; i < n; ++i) {
+        const int64_t r = static_cast<int64_t>(rng() >> 23) - (int64_t{1} << 40);
+        v[i] = (i % 5 == 0) ? r % 100 : r;
+      }
+      if (n > 3) {
+        v[1] = std::numeric_limits<int64_t>::min();
+        v[2] = std::numeric_limits<int64_t>::max();
+        v[3] = 0;
+      }
+      return Tensor::from_vector(v, s);
+    }
+  }
+}
+
+/// Random values of any dtype: floats uniform in [lo, hi), integers from random_ints.
+Tensor random_any(const Shape& s, DType dt, uint64_t seed, double lo = -2.0, double hi = 2.0) {
+  return is_float(dt) ? random_tensor(s, dt, seed, lo, hi) : random_ints(s, dt, seed);
+}
+
+// The shapes of the elementwise cases: rank 0, empty, one element, odd sizes, rank 4.
+const std::vector<Shape>& elementwise_shapes() {
+  static const std::vector<Shape> s = {Shape(std::vector<size_t>{}), Shape({0, 5}), Shape({1}),
+                                       Shape({7}), Shape({3, 11}), Shape({257, 131}),
+                                       Shape({2, 3, 4, 5})};
+  return s;
+}
+
+// ---- unary -------------------------------------------------------------------------------------
+
+enum class Bound { Exact, Rel, Gelu };
+
+struct UnarySpec {
+  OpId op;
+  double lo, hi;  ///< input range
+  double f0, f1;  ///< attrs
+  Bound bound;
+  double k;  ///< units of u_c (the table of the file header)
+};
+
+const UnarySpec kUnary[] = {
+    {OpId::neg, -2, 2, 0, 0, Bound::Exact, 0},
+    {OpId::abs, -2, 2, 0, 0, Bound::Exact, 0},
+    {OpId::exp, -10, 10, 0, 0, Bound::Rel, 8},
+    {OpId::log, 0.01, 100, 0, 0, Bound::Rel, 8},
+    {OpId::sqrt, 0.01, 100, 0, 0, Bound::Exact, 0},
+    {OpId::rsqrt, 0.01, 100, 0, 0, Bound::Rel, 4},
+    {OpId::recip, -4, 4, 0, 0, Bound::Exact, 0},
+    {OpId::sqr, -3, 3, 0, 0, Bound::Exact, 0},
+    {OpId::tanh, -6, 6, 0, 0, Bound::Rel, 12},
+    {OpId::sigmoid, -20, 20, 0, 0, Bound::Rel, 16},
+    {OpId::relu, -2, 2, 0, 0, Bound::Exact, 0},
+    {OpId::gelu, -8, 8, 0, 0, Bound::Gelu, 16},
+    {OpId::gelu_erf, -9, 9, 0, 0, Bound::Rel, 12},
+    {OpId::silu, -20, 20, 0, 0, Bound::Rel, 20},
+    {OpId::sin, -10, 10, 0, 0, Bound::Rel, 12},
+    {OpId::cos, -10, 10, 0, 0, Bound::Rel, 12},
+    {OpId::powf, 0.1, 4, 2.5, 0, Bound::Rel, 8},
+    {OpId::affine, -2, 2, 1.7, -0.3, Bound::Exact, 0},
+    {OpId::clamp, -2, 2, -0.5, 0.75, Bound::Exact, 0},
+};
+
+/// The integer forms (exact; the CPU's wrap and saturation semantics).
+struct IntUnarySpec {
+  OpId op;
+  double f0, f1;
+};
+const IntUnarySpec kIntUnary[] = {
+    {OpId::neg, 0, 0},         {OpId::abs, 0, 0},           {OpId::relu, 0, 0},
+    {OpId::sqr, 0, 0},         {OpId::affine, 3, -7},       {OpId::affine, -1, 250},
+    {OpId::affine, 0.5, 1.25}, {OpId::clamp, 10.5, 200.2}, {OpId::clamp, -5, 1e30},
+};
+
+Tensor apply_unary(OpId op, const Tensor& x, double f0, double f1) {
+  switch (op) {
+    case OpId::neg: return -x;
+    case OpId::abs: return x.abs();
+    case OpId::exp: return x.exp();
+    case OpId::log: return x.log();
+    case OpId::sqrt: return x.sqrt();
+    case OpId::rsqrt: return x.rsqrt();
+    case OpId::recip: return x.recip();
+    case OpId::sqr: return x.sqr();
+    case OpId::tanh: return x.tanh();
+    case OpId::sigmoid: return x.sigmoid();
+    case OpId::relu: return x.relu();
+    case OpId::gelu: return x.gelu();
+    case OpId::gelu_erf: return x.gelu_erf();
+    case OpId::silu: return x.silu();
+    case OpId::sin: return x.sin();
+    case OpId::cos: return x.cos();
+    case OpId::powf: return x.powf(f0);
+    case OpId::affine: return x.affine(f0, f1);
+    case OpId::clamp: return x.clamp(f0, f1);
+    default: ADD_FAILURE() << "not a unary op"; return x;
+  }
+}
+
+/// Per-element bounds of a transcendental op's |gpu - cpu| (the file header's table).
+std::vector<double> unary_bounds(const UnarySpec& s, DType dt, const std::vector<double>& x,
+                                 const std::vector<double>& g, const std::vector<double>& c) {
+  std::vector<double> b(x.size(), 0.0);
+  if (s.bound == Bound::Exact) return b;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double m = std::max(std::abs(g[i]), std::abs(c[i]));
+    double scale = m;
+    if (s.bound == Bound::Gelu) {
+      const double z = 0.7978845608028654 * (x[i] + 0.044715 * x[i] * x[i] * x[i]);
+      scale = m * (1.0 + std::abs(2.0 * z));
+    }
+    b[i] = s.k * compute_u(dt) * scale + 2.0 * tiny_of(dt) * std::max(1.0, std::abs(x[i]));
+    if (is_half(dt)) b[i] += ulp_at(dt, m);
+    if (std::isnan(b[i])) b[i] = 0.0;  // 0 * inf (both results 0 at x = ±inf): exact
+  }
+  return b;
+}
+
+using UnaryParam = std::tuple<size_t, DType>;
+class CudaUnaryFloat : public CudaParamTest<UnaryParam> {};
+
+TEST_P(CudaUnaryFloat, MatchesCpuOnEveryLayoutAndSize) {
+  const auto [idx, dt] = GetParam();
+  const UnarySpec& s = kUnary[idx];
+  if (!has_kernel(s.op, kCpu, dt)) GTEST_SKIP() << "no CPU kernel";
+  ASSERT_TRUE(has_kernel(s.op, kGpu, dt)) << "the CPU serves " << op_name(s.op) << " "
+                                          << dtype_name(dt) << ", CUDA does not";
+  uint64_t seed = 1000 + 97 * idx;
+  for (const Shape& shape : elementwise_shapes())
+    for (LayoutKind k : kAllLayouts) {
+      SCOPED_TRACE(shape.to_string() + " " + layout_name(k));
+      const Both x = on_both(random_tensor(shape, dt, ++seed, s.lo, s.hi), k);
+      const Tensor yc = apply_unary(s.op, x.cpu, s.f0, s.f1);
+      const Tensor yg = apply_unary(s.op, x.gpu, s.f0, s.f1);
+      ASSERT_TRUE(gpu_result(yg, yc));
+      if (s.bound == Bound::Exact) {
+        EXPECT_TRUE(same_bits(yg, yc));
+      } else {
+        const std::vector<double> xv = values(x.cpu), gv = values(yg), cv = values(yc);
+        EXPECT_TRUE(within(gv, cv, unary_bounds(s, dt, xv, gv, cv), xv));
+      }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaUnaryFloat,
+                         ::testing::Combine(::testing::Range<size_t>(0, std::size(kUnary)),
+                                            ::testing::ValuesIn(kFloatTypes)),
+                         [](const ::testing::TestParamInfo<UnaryParam>& i) {
+                           return param_name(std::string(op_name(kUnary[std::get<0>(i.param)].op)) +
+                                             "_" + std::string(dtype_name(std::get<1>(i.param))));
+                         });
+
+class CudaUnaryInt : public CudaParamTest<UnaryParam> {};
+
+TEST_P(CudaUnaryInt, MatchesCpuBitForBit) {
+  const auto [idx, dt] = GetParam();
+  const IntUnarySpec& s = kIntUnary[idx];
+  if (!has_kernel(s.op, kCpu, dt)) GTEST_SKIP() << "no CPU kernel";
+  ASSERT_TRUE(has_kernel(s.op, kGpu, dt)) << "the CPU serves " << op_name(s.op) << " "
+                                          << dtype_name(dt) << ", CUDA does not";
+  uint64_t seed = 3000 + 31 * idx;
+  for (const Shape& shape : elementwise_shapes())
+    for (LayoutKind k : kAllLayouts) {
+      SCOPED_TRACE(shape.to_string() + " " + layout_name(k));
+      const Both x = on_both(random_ints(shape, dt, ++seed), k);
+      const Tensor yc = apply_unary(s.op, x.cpu, s.f0, s.f1);
+      const Tensor yg = apply_unary(s.op, x.gpu, s.f0, s.f1);
+      ASSERT_TRUE(gpu_result(yg, yc));
+      EXPECT_TRUE(same_bits(yg, yc));
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaUnaryInt,
+                         ::testing::Combine(::testing::Range<size_t>(0, std::size(kIntUnary)),
+                                            ::testing::ValuesIn(kIntTypes)),
+                         [](const ::testing::TestParamInfo<UnaryParam>& i) {
+                           const size_t idx = std::get<0>(i.param);
+                           return param_name(std::string(op_name(kIntUnary[idx].op)) +
+                                             std::to_string(idx) + "_" +
+                                             std::string(dtype_name(std::get<1>(i.param))));
+                         });
+
+// NaN, infinities, signed zeros, huge and tiny inputs: the same values (±0 equal) or within the
+// bound. gelu, gelu_erf and silu at -inf are 0 * inf in their formulas: no contract there.
+TEST_F(CudaElementwise, UnarySpecialValues) {
+  const std::vector<double> specials = {kNaN,  kInf,   -kInf,  0.0,    -0.0,    1.0,     -1.0,
+                                        1e-30, -1e-30, 80.0,   -80.0,  100.0,   -110.0,  750.0,
+                                        -750.0, 1e6,   -1e6,   39000.5, -50000.25, 3.0e38, 1e-40};
+  for (DType dt : kFloatTypes) {
+    const Tensor x = Tensor::from_vector(specials, Shape({specials.size()})).to_dtype(dt);
+    const Tensor xg = to_gpu(x);
+    const std::vector<double> xv = values(x);
+    for (const UnarySpec& s : kUnary) {
+      SCOPED_TRACE(std::string(op_name(s.op)) + " " + std::string(dtype_name(dt)));
+      std::vector<double> cv = values(apply_unary(s.op, x, s.f0, s.f1));
+      std::vector<double> gv = values(apply_unary(s.op, xg, s.f0, s.f1));
+      const bool tail = s.op == OpId::gelu || s.op == OpId::gelu_erf || s.op == OpId::silu;
+      for (size_t i = 0; i < xv.size(); ++i)
+        if (tail && xv[i] == -kInf) cv[i] = gv[i] = 0.0;
+      EXPECT_TRUE(within(gv, cv, unary_bounds(s, dt, xv, gv, cv), xv));
+    }
+  }
+  // powf: C99 special cases and negative bases with integer exponents.
+  const std::vector<double> bases = {-2.0, -0.5, -0.0, 0.0, 0.5, 2.0, 3.0, kInf, -kInf, kNaN, 1.0};
+  const UnarySpec pow_spec = kUnary[16];
+  ASSERT_EQ(pow_spec.op, OpId::powf);
+  for (double e : {3.0, 2.0, 0.5, -1.0, -1.5, -3.0, 0.0, 1.0, 7.25})
+    for (DType dt : kFloatTypes) {
+      SCOPED_TRACE("powf " + std::to_string(e) + " " + std::string(dtype_name(dt)));
+      const Tensor x = Tensor::from_vector(bases, Shape({bases.size()})).to_dtype(dt);
+      const std::vector<double> xv = values(x), cv = values(x.powf(e)),
+                                gv = values(to_gpu(x).powf(e));
+      EXPECT_TRUE(within(gv, cv, unary_bounds(pow_spec, dt, xv, gv, cv), xv));
+    }
+}
+
+// ---- binary, where_cond, mul_add -----------------------------------------------------------
+
+constexpr OpId kBinaryOps[] = {OpId::add,     OpId::sub,     OpId::mul, OpId::div,
+                               OpId::maximum, OpId::minimum, OpId::eq,  OpId::ne,
+                               OpId::lt,      OpId::le,      OpId::gt,  OpId::ge};
+
+Tensor apply_binary(OpId op, const Tensor& a, const Tensor& b) {
+  switch (op) {
+    case OpId::add: return a + b;
+    case OpId::sub: return a - b;
+    case OpId::mul: return a * b;
+    case OpId::div: return a / b;
+    case OpId::maximum: return a.maximum(b);
+    case OpId::minimum: return a.minimum(b);
+    case OpId::eq: return a.eq(b);
+    case OpId::ne: return a.ne(b);
+    case OpId::lt: return a.lt(b);
+    case OpId::le: return a.le(b);
+    case OpId::gt: return a.gt(b);
+    case OpId::ge: return a.ge(b);
+    default: ADD_FAILURE() << "not a binary op"; return a;
+  }
+}
+
+/// Operands of a binary case: random values, every third element of b equal to a's (ties for
+/// the comparisons); integer b has small values every third element (zeros and -1: divisors).
+std::pair<Tensor, Tensor> binary_operands(const Shape& s, DType dt, uint64_t seed) {
+  if (!is_float(dt)) {
+    const Tensor a = random_ints(s, dt, seed);
+    const Tensor r = random_ints(s, dt, seed + 1);
+    return visit_dtype(dt, [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (std::is_integral_v<T>) {
+        const std::vector<T> av = a.to_vector<T>();
+        std::vector<T> bv = r.to_vector<T>();
+        for (size_t i = 0; i < bv.size(); ++i) {
+          if (i % 3 == 0) bv[i] = av[i];
+          if (i % 3 == 1)
+            bv[i] = static_cast<T>(static_cast<int64_t>(i % 9) - (std::is_signed_v<T> ? 4 : 0));
+        }
+        return std::pair<Tensor, Tensor>{a, Tensor::from_vector(bv, s)};
+      } else {
+        return std::pair<Tensor, Tensor>{a, r};  // not reached: dt is an integer dtype
+      }
+    });
+  }
+  const Tensor a = random_tensor(s, dt, seed, -3.0, 3.0);
+  std::vector<double> av = values(a), bv = values(random_tensor(s, dt, seed + 1, -3.0, 3.0));
+  for (size_t i = 0; i < av.size(); i += 3) bv[i] = av[i];
+  return {a, Tensor::from_vector(bv, s).to_dtype(dt)};  // dt-representable: exact
+}
+
+using BinaryParam = std::tuple<OpId, DType>;
+class CudaBinary : public CudaParamTest<BinaryParam> {};
+
+TEST_P(CudaBinary, MatchesCpuBitForBitOnEveryLayoutAndSize) {
+  const auto [op, dt] = GetParam();
+  if (!has_kernel(op, kCpu, dt)) GTEST_SKIP() << "no CPU kernel";
+  ASSERT_TRUE(has_kernel(op, kGpu, dt));
+  uint64_t seed = 5000 + 13 * static_cast<uint64_t>(op);
+  for (const Shape& shape : elementwise_shapes())
+    for (size_t li = 0; li < std::size(kAllLayouts); ++li) {
+      const LayoutKind ka = kAllLayouts[li], kb = kAllLayouts[(li + 1) % std::size(kAllLayouts)];
+      SCOPED_TRACE(shape.to_string() + " " + layout_name(ka) + " / " + layout_name(kb));
+      const auto [a0, b0] = binary_operands(shape, dt, seed += 2);
+      const Both a = on_both(a0, ka), b = on_both(b0, kb);
+      const Tensor yc = apply_binary(op, a.cpu, b.cpu), yg = apply_binary(op, a.gpu, b.gpu);
+      ASSERT_TRUE(gpu_result(yg, yc));
+      EXPECT_TRUE(same_bits(yg, yc));
+    }
+  // NumPy broadcasting: the front-end's stride-0 views of both operands.
+  const std::vector<std::pair<Shape, Shape>> pairs = {
+      {Shape({5, 1, 7}), Shape({1, 3, 7})}, {Shape({33}), Shape({1})},
+      {Shape({1}), Shape({33})},            {Shape({4, 1}), Shape({1, 1029})},
+      {Shape({2, 3, 4}), Shape({4})},       {Shape({2, 3, 1}), Shape({3, 1000})},
+      {Shape({1000, 1}), Shape({1000, 9})}, {Shape({1}), Shape({1})},
+      {Shape({0, 3}), Shape({1, 3})}};
+  for (const auto& [sa, sb] : pairs) {
+    SCOPED_TRACE("broadcast " + sa.to_string() + " " + sb.to_string());
+    const Tensor a = binary_operands(sa, dt, ++seed).first;
+    const Tensor b = binary_operands(sb, dt, ++seed).second;
+    const Tensor yc = apply_binary(op, a, b), yg = apply_binary(op, to_gpu(a), to_gpu(b));
+    ASSERT_TRUE(gpu_result(yg, yc));
+    EXPECT_TRUE(same_bits(yg, yc));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaBinary,
+                         ::testing::Combine(::testing::ValuesIn(kBinaryOps),
+                                            ::testing::ValuesIn(kAllTypes)),
+                         [](const ::testing::TestParamInfo<BinaryParam>& i) {
+                           return param_name(std::string(op_name(std::get<0>(i.param))) + "_" +
+                                             std::string(dtype_name(std::get<1>(i.param))));
+                         });
+
+// NaN, infinities and signed zeros in every position, bit for bit (a NaN matching any NaN:
+// the GPU's NaN results are canonical, x86 keeps the first operand's payload).
+TEST_F(CudaElementwise, BinarySpecialValues) {
+  const std::vector<double> av = {kNaN, 1.0, kNaN, kInf, -kInf, 0.0, -0.0, 2.0, kInf, -0.0, 0.0};
+  const std::vector<double> bv = {1.0, kNaN, kNaN, kInf, kInf, 0.0, 0.0, -kInf, 1.0, -0.0, -0.0};
+  for (DType dt : kFloatTypes) {
+    const Tensor a = Tensor::from_vector(av, Shape({av.size()})).to_dtype(dt);
+    const Tensor b = Tensor::from_vector(bv, Shape({bv.size()})).to_dtype(dt);
+    for (OpId op : kBinaryOps)
+      EXPECT_TRUE(same_bits(apply_binary(op, to_gpu(a), to_gpu(b)), apply_binary(op, a, b)))
+          << op_name(op) << " " << dtype_name(dt);
+  }
+  // Integer division by zero gives 0; INT64_MIN / -1 wraps.
+  const int64_t kMin = std::numeric_limits<int64_t>::min();
+  const Tensor a = Tensor::from_vector(std::vector<int64_t>{7, -7, 0, kMin, kMin, 9, -9}, Shape({7}));
+  const Tensor b = Tensor::from_vector(std::vector<int64_t>{0, 0, 0, -1, 0, -2, 2}, Shape({7}));
+  EXPECT_TRUE(same_bits(to_gpu(a) / to_gpu(b), a / b));
+  const Tensor u = Tensor::from_vector(std::vector<uint8_t>{7, 255, 0, 200}, Shape({4}));
+  const Tensor z = Tensor::from_vector(std::vector<uint8_t>{0}, Shape({1}));
+  EXPECT_TRUE(same_bits(to_gpu(u) / to_gpu(z), u / z));
+}
+
+// Scalar operators: a / s and s / a broadcast a one-element tensor; a + s, a * s, s - a are
+// affine.
+TEST_F(CudaElementwise, ScalarOperators) {
+  for (DType dt : kAllTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Both a = on_both(random_any(Shape({3, 1001}), dt, 9, 0.5, 3.0), LayoutKind::Narrowed);
+    for (auto f : std::vector<std::function<Tensor(const Tensor&)>>{
+             [](const Tensor& x) { return x / 1.3; }, [](const Tensor& x) { return 1.3 / x; },
+             [](const Tensor& x) { return x + 2.5; }, [](const Tensor& x) { return x * 0.25; },
+             [](const Tensor& x) { return 2.0 - x; }})
+      EXPECT_TRUE(same_bits(f(a.gpu), f(a.cpu)));
+  }
+}
+
+TEST_F(CudaElementwise, WhereCondEveryDtypeLayoutAndBroadcast) {
+  for (DType dt : kAllTypes) {
+    ASSERT_TRUE(has_kernel(OpId::where_cond, kGpu, dt)) << dtype_name(dt);
+    for (const Shape& s : elementwise_shapes())
+      for (size_t li = 0; li < std::size(kAllLayouts); ++li) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " " + s.to_string() + " " +
+                     layout_name(kAllLayouts[li]));
+        std::mt19937_64 rng(5 + li);
+        std::vector<uint8_t> mv(s.elem_count());
+        for (auto& m : mv) m = (rng() % 3 == 0) ? 0 : static_cast<uint8_t>(1 + rng() % 255);
+        const auto lay = [&](size_t k) { return kAllLayouts[(li + k) % std::size(kAllLayouts)]; };
+        const Both m = on_both(Tensor::from_vector(mv, s), lay(0));
+        const Both t = on_both(random_any(s, dt, 6 + li), lay(1));
+        const Both f = on_both(random_any(s, dt, 7 + li), lay(2));
+        const Tensor yc = m.cpu.where_cond(t.cpu, f.cpu), yg = m.gpu.where_cond(t.gpu, f.gpu);
+        ASSERT_TRUE(gpu_result(yg, yc));
+        EXPECT_TRUE(same_bits(yg, yc));
+      }
+    // Broadcast mask, on_true and on_false.
+    const Tensor m = Tensor::from_vector(std::vector<uint8_t>{1, 0, 1, 0}, Shape({4, 1}));
+    const Tensor t = random_any(Shape({1, 5}), dt, 8);
+    const Tensor f = random_any(Shape({1}), dt, 9);
+    EXPECT_TRUE(same_bits(to_gpu(m).where_cond(to_gpu(t), to_gpu(f)), m.where_cond(t, f)));
+  }
+}
+
+TEST_F(CudaElementwise, MulAddEveryFloatDtypeLayoutAndBroadcast) {
+  for (DType dt : kFloatTypes) {
+    for (const Shape& s : elementwise_shapes())
+      for (size_t li = 0; li < std::size(kAllLayouts); ++li) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " " + s.to_string() + " " +
+                     layout_name(kAllLayouts[li]));
+        const auto lay = [&](size_t k) { return kAllLayouts[(li + k) % std::size(kAllLayouts)]; };
+        const Both a = on_both(random_tensor(s, dt, 7000 + li, -3.0, 3.0), lay(0));
+        const Both b = on_both(random_tensor(s, dt, 7100 + li, -3.0, 3.0), lay(1));
+        const Both c = on_both(random_tensor(s, dt, 7200 + li, -3.0, 3.0), lay(2));
+        const Tensor yc = a.cpu.mul_add(b.cpu, c.cpu), yg = a.gpu.mul_add(b.gpu, c.gpu);
+        ASSERT_TRUE(gpu_result(yg, yc));
+        EXPECT_TRUE(same_bits(yg, yc));
+      }
+    const std::vector<std::array<Shape, 3>> cases = {
+        {Shape({1000, 9}), Shape({1000, 1}), Shape({1, 9})},
+        {Shape({33}), Shape({1}), Shape({1})},
+        {Shape({1}), Shape({1}), Shape({33})},
+        {Shape({4, 1, 1029}), Shape({3, 1}), Shape({1029})}};
+    uint64_t seed = 7300;
+    for (const auto& [sa, sb, sc] : cases) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " " + sa.to_string() + sb.to_string() +
+                   sc.to_string());
+      const Tensor a = random_tensor(sa, dt, ++seed, -3, 3), b = random_tensor(sb, dt, ++seed, -3, 3),
+                   c = random_tensor(sc, dt, ++seed, -3, 3);
+      EXPECT_TRUE(same_bits(to_gpu(a).mul_add(to_gpu(b), to_gpu(c)), a.mul_add(b, c)));
+    }
+    // One rounding: (1 + e)^2 - (1 + 2e) = e^2 exactly.
+    if (!is_half(dt)) {
+      const double e = dt == DType::F32 ? 0x1p-12 : 0x1p-27;
+      const Tensor a = Tensor::full(Shape({37}), 1.0 + e, dt, kGpu);
+      const Tensor c = Tensor::full(Shape({37}), -(1.0 + 2.0 * e), dt, kGpu);
+      for (double v : values(a.mul_add(a, c))) ASSERT_EQ(v, e * e) << dtype_name(dt);
+    }
+  }
+}
+
+// ---- copy_cast ---------------------------------------------------------------------------------
+
+/// A tensor of `dt` holding random bit patterns (NaNs with payloads included for the floats).
+Tensor random_bits(const Shape& s, DType dt, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<unsigned char> bytes(s.elem_count() * dtype_size(dt));
+  for (auto& b : bytes) b = static_cast<unsigned char>(rng());
+  return Tensor::from_host(bytes.data(), s.elem_count(), dt, s, kCpu);
+}
+
+// copy of strided views of rank 1..5 (permuted, transposed, narrowed, broadcast, the batched
+// transposes that take the tiled path), every dtype: the same bits, payloads included.
+TEST_F(CudaCopyCast, CopyOfStridedViewsOfRankOneToFive) {
+  const std::vector<std::vector<size_t>> shapes = {
+      {5003}, {70, 120}, {7, 40, 30}, {3, 5, 6, 7}, {2, 3, 4, 5, 6}};
+  for (DType dt : kAllTypes)
+    for (const auto& dims : shapes) {
+      const size_t r = dims.size();
+      const Tensor base = random_bits(Shape(dims), dt, 11 + r);
+      std::vector<std::pair<std::string, ViewFn>> views;
+      if (r == 1) {
+        views = {{"narrow", [](const Tensor& x) { return x.narrow(0, 7, 4000); }},
+                 {"broadcast",
+                  [](const Tensor& x) { return x.narrow(0, 3, 1).broadcast_as(Shape({7, 5003})); }},
+                 {"unsqueeze_t", [](const Tensor& x) { return x.unsqueeze(1).broadcast_as(Shape({5003, 3})); }}};
+      } else {
+        std::vector<size_t> rev(r);
+        for (size_t i = 0; i < r; ++i) rev[i] = r - 1 - i;
+        const Shape full(dims);
+        const size_t d1 = dims[1];
+        views = {
+            {"permute_reversed", [rev](const Tensor& x) { return x.permute(rev); }},
+            {"transpose_last", [](const Tensor& x) { return x.transpose(-1, -2); }},
+            {"transpose_outer_narrow",
+             [r](const Tensor& x) {
+               const Tensor t = x.transpose(0, static_cast<int64_t>(r) - 1);
+               return t.narrow(1, 1, t.dim(1) - 2);
+             }},
+            {"narrow_first_last",
+             [](const Tensor& x) { return x.narrow(0, 1, x.dim(0) - 1).narrow(-1, 2, x.dim(-1) - 3); }},
+            {"broadcast_dim1",
+             [full, d1](const Tensor& x) { return x.narrow(1, d1 / 2, 1).broadcast_as(full); }},
+            {"squeezed_narrow", [](const Tensor& x) { return x.narrow(-1, 2, 1).squeeze(-1); }},
+        };
+      }
+      for (const auto& [name, view] : views) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " " + Shape(dims).to_string() + " " + name);
+        const Both v = make_both(base, view);
+        const Tensor yc = v.cpu.contiguous(), yg = v.gpu.contiguous();
+        ASSERT_TRUE(gpu_result(yg, yc));
+        EXPECT_TRUE(same_bits(yg, yc, Cmp::Bits));
+        // The dense copy (one device memcpy) through the dispatcher, and the host round trip.
+        EXPECT_TRUE(same_bits(dispatch1(OpId::copy, {yg}), yc, Cmp::Bits));
+        EXPECT_TRUE(same_bits(to_gpu(v.cpu), yc, Cmp::Bits)) << "to_device of a CPU view";
+      }
+    }
+}
+
+/// n values of dtype dt that exercise conversions: NaN, infinities, ±0, values beyond every
+/// integer and half range, tiny and subnormal values, ties of the narrower float types (nudged
+/// or not), integers with sticky low bits, the extremes of the integer types.
+Tensor conversion_values(const Shape& s, DType dt, uint64_t seed) {
+  const size_t n = s.elem_count();
+  std::mt19937_64 rng(seed);
+  return visit_dtype(dt, [&](auto tag) {
+    using T = decltype(tag);
+    std::vector<T> v(n);
+    for (size_t i = 0; i < n; ++i) {
+      const uint64_t r = rng();
+      if constexpr (std::is_integral_v<T>) {
+        if constexpr (std::is_same_v<T, int64_t>) {
+          int64_t x = static_cast<int64_t>(rng() >> (r % 64));
+          if (r & (1ull << 20)) x = -x;
+          if (i % 17 == 0) x = (int64_t{1} << 62) + (int64_t{1} << 54) + static_cast<int64_t>(r >> 60);
+          if (i % 31 == 0)
+            x = i % 2 ? std::numeric_limits<int64_t>::min() : std::numeric_limits<int64_t>::max();
+          v[i] = x;
+        } else {
+          v[i] = static_cast<T>(i % 3 == 0 ? (r >> 40) % 300 : r);
+        }
+      } else {
+        double d;
+        switch (i % 8) {
+          case 0: d = std::ldexp(static_cast<double>(r >> 11), -53) * 2000.0 - 1000.0; break;
+          case 1: {  // exponents over ±150 (f32 subnormals and overflow included)
+            const int e = static_cast<int>((r >> 56) % 300) - 150;
+            d = std::ldexp(1.0 + std::ldexp(static_cast<double>(r & 0xffffffffffull), -40), e);
+            if (r & 1) d = -d;
+            break;
+          }
+          case 2: d = static_cast<double>(static_cast<int>((r >> 32) % 700) - 350) + 0.5; break;
+          case 3: {  // a bf16 or f16 tie (as f32), nudged or not
+            const uint32_t u =
+                (static_cast<uint32_t>(r) & 0x807fffffu) | ((110u + (r >> 40) % 40u) << 23);
+            const float tie = f32_from_bits(r & (1ull << 50) ? ((u | 0x8000u) & ~0x7fffu)
+                                                             : ((u | 0x1000u) & ~0xfffu));
+            const double nudge =
+                (r >> 51) % 3 == 0 ? 0.0 : std::ldexp((r >> 53) & 1 ? 1.0 : -1.0, -35);
+            d = static_cast<double>(tie) * (1.0 + nudge);
+            break;
+          }
+          case 4: {
+            const double sp[] = {0.0,    -0.0,   kInf,   -kInf,        kNaN,        -kNaN,
+                                 65504.0, 65519.99, 65520.0, 255.0,     255.9,       256.0,
+                                 -0.9,   -1.0,   4294967295.5, 4294967296.0, 9.3e18, -9.3e18,
+                                 1e39,   1e-40,  5e-324, 6e-8,         3.0e38,      -1e300};
+            d = sp[(r >> 8) % std::size(sp)];
+            break;
+          }
+          case 5: d = 1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -40); break;  // rounds once
+          default: d = std::ldexp(static_cast<double>(r >> 11), -53) * 8.0 - 4.0; break;
+        }
+        v[i] = cpu::ref::convert<T>(d);
+      }
+    }
+    return Tensor::from_vector(v, s);
+  });
+}
+
+using PairParam = std::tuple<DType, DType>;
+class CudaToDtype : public CudaParamTest<PairParam> {};
+
+// Every pair of the 7 dtypes (the same-dtype pairs through the dispatcher, which Tensor::to_dtype
+// would skip), every layout: bit for bit.
+TEST_P(CudaToDtype, EveryLayoutAndSizeBitForBit) {
+  const auto [from, to] = GetParam();
+  ASSERT_TRUE(has_kernel(OpId::to_dtype, kGpu, from));
+  uint64_t seed = 100 + 7 * static_cast<uint64_t>(from);
+  for (const Shape& s : {Shape({1, 1}), Shape({1, 7}), Shape({3, 11}), Shape({37, 29}),
+                         Shape({260, 301}), Shape({0, 4})})
+    for (LayoutKind k : kAllLayouts) {
+      SCOPED_TRACE(s.to_string() + " " + layout_name(k));
+      const Both x = on_both(conversion_values(s, from, ++seed), k);
+      OpAttrs a;
+      a.dtype = to;
+      const Tensor yc = dispatch1(OpId::to_dtype, {x.cpu}, a);
+      const Tensor yg = dispatch1(OpId::to_dtype, {x.gpu}, a);
+      ASSERT_TRUE(gpu_result(yg, yc));
+      EXPECT_TRUE(same_bits(yg, yc));
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaToDtype,
+                         ::testing::Combine(::testing::ValuesIn(kAllTypes),
+                                            ::testing::ValuesIn(kAllTypes)),
+                         [](const ::testing::TestParamInfo<PairParam>& i) {
+                           return std::string(dtype_name(std::get<0>(i.param))) + "_to_" +
+                                  std::string(dtype_name(std::get<1>(i.param)));
+                         });
+
+TEST_F(CudaCopyCast, FillZerosOnesFull) {
+  const std::vector<Shape> shapes = {Shape({70001}), Shape({0}), Shape(std::vector<size_t>{}),
+                                     Shape({3, 5})};
+  const double vals[] = {0.0,  -0.0,    1.0,  -7.9,  0.1,          300.0, 65519.99, 1e39,
+                         -1e39, kNaN,   kInf, 1e-40, 4294967295.5, 9.3e18, -3.0};
+  for (DType dt : kAllTypes)
+    for (const Shape& s : shapes) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " " + s.to_string());
+      for (double v : vals) {
+        const Tensor yg = Tensor::full(s, v, dt, kGpu), yc = Tensor::full(s, v, dt, kCpu);
+        ASSERT_TRUE(gpu_result(yg, yc)) << v;
+        EXPECT_TRUE(same_bits(yg, yc)) << "full " << v;
+      }
+      EXPECT_TRUE(same_bits(Tensor::zeros(s, dt, kGpu), Tensor::zeros(s, dt, kCpu)));
+      EXPECT_TRUE(same_bits(Tensor::ones(s, dt, kGpu), Tensor::ones(s, dt, kCpu)));
+    }
+}
+
+TEST_F(CudaCopyCast, Arange) {
+  struct R {
+    double start, end, step;
+  };
+  const R ranges[] = {{0, 5, 1},       {-3.3, -3.3 + 0.1 * 49999.5, 0.1}, {3, 0, -1},
+                      {1, 2, 0.25},    {1e6, 1e6 + 1000.5, 1.0},         {0, 300, 1},
+                      {0.1, 1000, 0.1}, {5, 5, 1}};
+  for (DType dt : kAllTypes)
+    for (const R& r : ranges) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " arange(" + std::to_string(r.start) + ", " +
+                   std::to_string(r.end) + ", " + std::to_string(r.step) + ")");
+      const Tensor yg = Tensor::arange(r.start, r.end, r.step, dt, kGpu);
+      const Tensor yc = Tensor::arange(r.start, r.end, r.step, dt, kCpu);
+      ASSERT_TRUE(gpu_result(yg, yc));
+      EXPECT_TRUE(same_bits(yg, yc));
+    }
+}
+
+// rand: the same Philox values on both devices, bit for bit. randn: bf16/f16/f32 bit for bit,
+// f64 within 4 ulp (the file header). Odd sizes: the last Philox pair is half used.
+TEST_F(CudaCopyCast, RandAndRandnForTheSameSeed) {
+  for (DType dt : kFloatTypes)
+    for (uint64_t seed : {uint64_t{0}, uint64_t{42}, (uint64_t{1} << 40) + 3})
+      for (const Shape& s : {Shape({100003}), Shape({3, 7}), Shape({1}), Shape({0})}) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " seed " + std::to_string(seed) + " " +
+                     s.to_string());
+        for (auto [lo, hi] : {std::pair{0.0, 1.0}, std::pair{-1.0, 3.0}}) {
+          const Tensor yg = Tensor::rand(s, dt, kGpu, seed, lo, hi);
+          const Tensor yc = Tensor::rand(s, dt, kCpu, seed, lo, hi);
+          ASSERT_TRUE(gpu_result(yg, yc));
+          EXPECT_TRUE(same_bits(yg, yc)) << "rand [" << lo << ", " << hi << ")";
+        }
+        for (auto [mean, sd] : {std::pair{0.0, 1.0}, std::pair{0.5, 2.0}}) {
+          const Tensor yg = Tensor::randn(s, dt, kGpu, seed, mean, sd);
+          const Tensor yc = Tensor::randn(s, dt, kCpu, seed, mean, sd);
+          ASSERT_TRUE(gpu_result(yg, yc));
+          if (dt != DType::F64) {
+            EXPECT_TRUE(same_bits(yg, yc)) << "randn " << mean << " " << sd;
+          } else {
+            const std::vector<double> gv = values(yg), cv = values(yc);
+            std::vector<double> bound(cv.size());
+            for (size_t i = 0; i < cv.size(); ++i)
+              bound[i] = 4.0 * ulp_at(DType::F64, std::abs(cv[i] - mean) + std::abs(mean));
+            EXPECT_TRUE(within(gv, cv, bound)) << "randn " << mean << " " << sd;
+          }
+        }
+      }
+}
+
+// ---- reductions --------------------------------------------------------------------------------
+
+/// Reduction inputs: floats in [-2, 2); i64 in (-1000, 1000); u32 up to 4e9 (sums wrap); u8 all
+/// of [0, 255].
+Tensor reduce_input(const Shape& s, DType dt, uint64_t seed) {
+  switch (dt) {
+    case DType::I64: return random_tensor(s, DType::F64, seed, -1000.0, 1000.0).to_dtype(dt);
+    case DType::U32: return random_tensor(s, DType::U32, seed, 0.0, 4.0e9);
+    case DType::U8: return random_tensor(s, DType::U8, seed, 0.0, 256.0);
+    default: return random_tensor(s, dt, seed);
+  }
+}
+
+std::string dims_str(const std::vector<int64_t>& v) {
+  std::string s = "{";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s + "}";
+}
+
+/// The sum bound of the file header: |gpu - ref| <= u_dt |ref| + 2 (n + 4) u_acc sum|x|, with ref
+/// and sum|x| the CPU's f64 sums over the same dims.
+::testing::AssertionResult sum_close(const Tensor& gpu_sum, const Tensor& x_cpu,
+                                     const std::vector<int64_t>& dims, bool keep, size_t n) {
+  const Tensor x64 = x_cpu.to_dtype(DType::F64);
+  const std::vector<double> ref = values(x64.sum(dims, keep));
+  const std::vector<double> scale = values(x64.abs().sum(dims, keep));
+  const DType dt = x_cpu.dtype();
+  std::vector<double> bound(ref.size());
+  for (size_t i = 0; i < ref.size(); ++i)
+    bound[i] = unit_roundoff(dt) * std::abs(ref[i]) +
+               2.0 * static_cast<double>(n + 4) * compute_u(dt) * scale[i];
+  return within(values(gpu_sum), ref, bound);
+}
+
+using ReduceParam = std::tuple<DType, LayoutKind>;
+class CudaReduceP : public CudaParamTest<ReduceParam> {};
+
+TEST_P(CudaReduceP, EveryDimSubsetKeepdimBothWays) {
+  const auto [dt, layout] = GetParam();
+  if (!has_kernel(OpId::sum, kCpu, dt)) GTEST_SKIP() << "no CPU sum kernel";
+  for (OpId op : {OpId::sum, OpId::max, OpId::min, OpId::argmax, OpId::argmin})
+    if (has_kernel(op, kCpu, dt)) {
+      ASSERT_TRUE(has_kernel(op, kGpu, dt)) << op_name(op);
+    }
+  const std::vector<std::vector<size_t>> shapes = {{1, 1, 1},    {7, 33, 1},    {3, 7, 33},
+                                                   {2, 1031, 3}, {33, 2, 1013}, {1, 1, 1200},
+                                                   {3, 0, 5}};
+  std::vector<std::vector<int64_t>> subsets = {{}};  // {}: every dim
+  for (int mask = 1; mask < 8; ++mask) {
+    std::vector<int64_t> s;
+    for (int64_t d = 0; d < 3; ++d)
+      if (mask & (1 << d)) s.push_back(d);
+    subsets.push_back(s);
+  }
+  uint64_t seed = 100;
+  for (const auto& dims : shapes) {
+    const Both x = on_both(reduce_input(Shape(dims), dt, ++seed), layout);
+    // Few distinct values, so that most rows have ties: the first index must win.
+    const Both xt = on_both(is_float(dt) ? random_tensor(Shape(dims), DType::F64, ++seed, 0.0, 4.0)
+                                               .to_dtype(DType::I64)
+                                               .to_dtype(dt)
+                                         : random_tensor(Shape(dims), dt, ++seed, 0.0, 4.0),
+                            layout);
+    for (const auto& rd : subsets)
+      for (bool keep : {false, true}) {
+        SCOPED_TRACE(Shape(dims).to_string() + " dims " + dims_str(rd) + (keep ? " keepdim" : ""));
+        size_t n_red = 1;
+        bool empty_dim = false;
+        for (size_t d = 0; d < 3; ++d)
+          if (rd.empty() || std::find(rd.begin(), rd.end(), static_cast<int64_t>(d)) != rd.end()) {
+            n_red *= dims[d];
+            empty_dim = empty_dim || dims[d] == 0;
+          }
+        const Tensor sg = x.gpu.sum(rd, keep), sc = x.cpu.sum(rd, keep);
+        ASSERT_TRUE(gpu_result(sg, sc));
+        if (is_float(dt)) EXPECT_TRUE(sum_close(sg, x.cpu, rd, keep, n_red));
+        else EXPECT_TRUE(same_bits(sg, sc));
+        if (empty_dim) continue;  // max/min/arg* of an empty dim are errors
+        if (has_kernel(OpId::max, kCpu, dt)) {
+          EXPECT_TRUE(same_bits(x.gpu.max(rd, keep), x.cpu.max(rd, keep), Cmp::Value)) << "max";
+          EXPECT_TRUE(same_bits(x.gpu.min(rd, keep), x.cpu.min(rd, keep), Cmp::Value)) << "min";
+        }
+        if (rd.size() == 1 && has_kernel(OpId::argmax, kCpu, dt)) {
+          EXPECT_TRUE(same_bits(xt.gpu.argmax(rd[0], keep), xt.cpu.argmax(rd[0], keep))) << "argmax";
+          EXPECT_TRUE(same_bits(xt.gpu.argmin(rd[0], keep), xt.cpu.argmin(rd[0], keep))) << "argmin";
+        }
+      }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaReduceP,
+                         ::testing::Combine(::testing::ValuesIn(kAllTypes),
+                                            ::testing::ValuesIn(kAllLayouts)),
+                         [](const ::testing::TestParamInfo<ReduceParam>& i) {
+                           return std::string(dtype_name(std::get<0>(i.param))) + "_" +
+                                  layout_name(std::get<1>(i.param));
+                         });
+
+// Sums of small integers are exact in the f32 (f64) accumulator in any order, so the GPU must
+// give the CPU's bits: a dropped, repeated or half-precision-accumulated term shows.
+// (4096, 8192) rows and columns with values in [-8, 8]; all dims of (1024, 1024) in [-1, 1].
+TEST_F(CudaReduce, ExactIntegerSumsMatchBitForBit) {
+  for (DType dt : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = Tensor::rand(Shape({4096, 8192}), DType::F64, kCpu, 71, -8.99, 9.0)
+                         .to_dtype(DType::I64)
+                         .to_dtype(dt);
+    const Tensor xg = to_gpu(x);
+    for (int64_t d : {1, 0})
+      for (bool keep : {false, true})
+        EXPECT_TRUE(same_bits(xg.sum({d}, keep), x.sum({d}, keep))) << "dim " << d;
+    const Tensor y = Tensor::rand(Shape({1024, 1024}), DType::F64, kCpu, 72, -1.99, 2.0)
+                         .to_dtype(DType::I64)
+                         .to_dtype(dt);
+    EXPECT_TRUE(same_bits(to_gpu(y).sum_all(), y.sum_all())) << "all";
+    // 300 ones: a bf16 accumulator would stall at 256.
+    EXPECT_EQ(Tensor::ones(Shape({300}), dt, kGpu).sum_all().item(), 300.0);
+  }
+}
+
+// Long rows and long columns, f32 and bf16: sums within the bound, max/min/argmax/argmin exact
+// (ties from integer values); the same CUDA reduction twice gives the same bits.
+TEST_F(CudaReduce, LongRowsAndColumnsAndDeterminism) {
+  for (DType dt : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = Tensor::rand(Shape({4096, 8192}), dt, kCpu, 73, -1.0, 1.0);
+    const Tensor xg = to_gpu(x);
+    for (const std::vector<int64_t>& d : {std::vector<int64_t>{1}, std::vector<int64_t>{0},
+                                          std::vector<int64_t>{}}) {
+      SCOPED_TRACE("dims " + dims_str(d));
+      const size_t n = d.empty() ? x.elem_count() : x.dim(d[0]);
+      const Tensor s1 = xg.sum(d), s2 = xg.sum(d);
+      EXPECT_TRUE(sum_close(s1, x, d, false, n));
+      EXPECT_TRUE(same_bits(s1, s2, Cmp::Bits)) << "the same sum twice";
+      EXPECT_TRUE(same_bits(xg.max(d), x.max(d), Cmp::Value)) << "max";
+      EXPECT_TRUE(same_bits(xg.min(d), x.min(d), Cmp::Value)) << "min";
+    }
+    const Tensor ties = Tensor::rand(Shape({4096, 8192}), DType::F64, kCpu, 74, 0.0, 4.0)
+                            .to_dtype(DType::I64)
+                            .to_dtype(dt);
+    const Tensor tg = to_gpu(ties);
+    for (int64_t d : {1, 0}) {
+      EXPECT_TRUE(same_bits(tg.argmax(d), ties.argmax(d))) << "argmax dim " << d;
+      EXPECT_TRUE(same_bits(tg.argmin(d), ties.argmin(d))) << "argmin dim " << d;
+      EXPECT_TRUE(same_bits(tg.argmax(d), tg.argmax(d), Cmp::Bits)) << "argmax twice";
+    }
+    // One extreme in the last block of a long row, another in the middle.
+    std::vector<double> v = values(Tensor::rand(Shape({1, 50001}), DType::F64, kCpu, 75, -1, 1));
+    v[50000] = 3.0;
+    v[20000] = -3.0;
+    v[40000] = 3.0;
+    const Tensor r = Tensor::from_vector(v, Shape({1, 50001})).to_dtype(dt);
+    EXPECT_EQ(to_gpu(r).argmax(1).item(), 40000.0);
+    EXPECT_EQ(to_gpu(r).argmin(1).item(), 20000.0);
+  }
+}
+
+// NaN propagates and is the arg-extreme; rows of infinities; empty and rank-0 inputs.
+TEST_F(CudaReduce, SpecialValuesEmptyAndRankZero) {
+  for (DType dt : kFloatTypes)
+    for (size_t n : {size_t{5}, size_t{33}, size_t{1000}, size_t{9000}}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " n=" + std::to_string(n));
+      std::vector<double> v(4 * n);
+      for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(static_cast<double>(i));
+      v[n / 2] = kNaN;  // row 0: NaNs
+      v[n - 1] = kNaN;
+      for (size_t i = 0; i < n; ++i) v[n + i] = -kInf;  // row 1: all -inf
+      for (size_t i = 0; i < n; ++i) v[2 * n + i] = kInf;  // row 2: all +inf
+      v[4 * n - 1] = -kInf;  // row 3: one -inf at the end
+      const Tensor x = Tensor::from_vector(v, Shape({4, n})).to_dtype(dt);
+      const Tensor xg = to_gpu(x);
+      for (int64_t d : {1, 0}) {
+        EXPECT_TRUE(same_bits(xg.max({d}), x.max({d}), Cmp::Value)) << "max " << d;
+        EXPECT_TRUE(same_bits(xg.min({d}), x.min({d}), Cmp::Value)) << "min " << d;
+        EXPECT_TRUE(same_bits(xg.argmax(d), x.argmax(d))) << "argmax " << d;
+        EXPECT_TRUE(same_bits(xg.argmin(d), x.argmin(d))) << "argmin " << d;
+        const std::vector<double> s = values(xg.sum({d})), c = values(x.sum({d}));
+        for (size_t i = 0; i < s.size(); ++i)
+          EXPECT_EQ(std::isnan(s[i]), std::isnan(c[i])) << "sum " << d << " at " << i;
+      }
+    }
+  const Tensor e = Tensor::zeros(Shape({3, 0}), DType::F32, kGpu);
+  EXPECT_TRUE(same_bits(e.sum({1}), Tensor::zeros(Shape({3}), DType::F32)));
+  EXPECT_EQ(e.sum({0}).dims(), (std::vector<size_t>{0}));
+  const Tensor s = Tensor::full(Shape(std::vector<size_t>{}), 2.5, DType::F64, kGpu);
+  EXPECT_EQ(s.sum_all().item(), 2.5);
+  // Integer sums wrap in the dtype's width.
+  const Tensor u = Tensor::from_vector(std::vector<uint32_t>{0x80000000u, 0x80000001u, 5u}, Shape({3}));
+  EXPECT_TRUE(same_bits(to_gpu(u).sum({0}), u.sum({0})));
+  const int64_t big = std::numeric_limits<int64_t>::max();
+  const Tensor i = Tensor::from_vector(std::vector<int64_t>{big, 2, -5}, Shape({3}));
+  EXPECT_TRUE(same_bits(to_gpu(i).sum({0}), i.sum({0})));
+}
+
+// ---- matmul -------------------------------------------------------------------------------------
+
+struct MatCase {
+  const char* name;
+  std::vector<size_t> a, b;  ///< dims as stored; a transposed operand stores (.., k, m)
+  bool ta = false, tb = false;
+};
+
+const MatCase kMatCases[] = {
+    {"1x1x1", {1, 1}, {1, 1}},
+    {"7x33x5", {7, 33}, {33, 5}},
+    {"64x1000x3", {64, 1000}, {1000, 3}},
+    {"batch_broadcast", {2, 1, 5, 7}, {3, 7, 4}},
+    {"a_t", {33, 7}, {33, 5}, true, false},
+    {"b_t", {7, 33}, {5, 33}, false, true},
+    {"both_t_batched", {3, 9, 6}, {3, 4, 9}, true, true},
+    {"b_shared", {4, 5, 8}, {8, 3}},
+    {"a_broadcast", {1, 5, 8}, {4, 8, 3}},
+    {"row_vector", {2, 1, 40}, {2, 40, 1}},
+    {"matvec", {300, 257}, {257, 1}},
+    {"matvec_a_t", {257, 300}, {257, 1}, true, false},
+    {"matvec_b_t", {300, 257}, {1, 257}, false, true},
+    {"vecmat", {1, 257}, {257, 300}},
+    {"vecmat_both_t", {257, 1}, {300, 257}, true, true},
+    {"k0", {3, 0}, {0, 2}},
+    {"k0_batched", {2, 4, 0}, {2, 0, 5}},
+    {"m0", {0, 7}, {7, 3}},
+    {"large", {257, 1031}, {1031, 129}},
+    {"large_batched_t", {4, 256, 128}, {4, 96, 256}, true, true},
+};
+
+/// Restores the TF32 setting when it goes out of scope.
+struct Tf32Guard {
+  bool saved = cuda_allow_tf32();
+  explicit Tf32Guard(bool allow) { set_cuda_allow_tf32(allow); }
+  ~Tf32Guard() { set_cuda_allow_tf32(saved); }
+};
+
+using MatParam = std::tuple<DType, LayoutKind>;
+class CudaMatmulP : public CudaParamTest<MatParam> {};
+
+TEST_P(CudaMatmulP, MatchesCpuWithinGammaK) {
+  const auto [dt, layout] = GetParam();
+  EXPECT_FALSE(cuda_allow_tf32()) << "TF32 must be off unless the user allows it";
+  Tf32Guard tf32(false);
+  ASSERT_TRUE(has_kernel(OpId::matmul, kGpu, dt));
+  uint64_t seed = 500;
+  for (const MatCase& c : kMatCases) {
+    SCOPED_TRACE(c.name);
+    Both a = on_both(random_tensor(Shape(c.a), dt, ++seed), layout);
+    Both b = on_both(random_tensor(Shape(c.b), dt, ++seed), layout);
+    if (c.ta) a = {a.cpu.t(), a.gpu.t()};
+    if (c.tb) b = {b.cpu.t(), b.gpu.t()};
+    const Tensor yc = a.cpu.matmul(b.cpu), yg = a.gpu.matmul(b.gpu);
+    ASSERT_TRUE(gpu_result(yg, yc));
+    const double k = static_cast<double>(a.cpu.dim(-1));
+    const std::vector<double> scale =
+        values(a.cpu.to_dtype(DType::F64).abs().matmul(b.cpu.to_dtype(DType::F64).abs()));
+    const std::vector<double> gv = values(yg), cv = values(yc);
+    std::vector<double> bound(cv.size());
+    for (size_t i = 0; i < cv.size(); ++i) {
+      bound[i] = 4.0 * k * compute_u(dt) * scale[i] + 2.0 * tiny_of(dt);
+      if (is_half(dt)) bound[i] += ulp_at(dt, std::max(std::abs(gv[i]), std::abs(cv[i])));
+    }
+    EXPECT_TRUE(within(gv, cv, bound));
+    if (k == 0) {
+      EXPECT_TRUE(same_bits(yg, yc)) << "k == 0: zeros";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaMatmulP,
+                         ::testing::Combine(::testing::ValuesIn(kFloatTypes),
+                                            ::testing::Values(LayoutKind::Contiguous,
+                                                              LayoutKind::Transposed,
+                                                              LayoutKind::Narrowed)),
+                         [](const ::testing::TestParamInfo<MatParam>& i) {
+                           return std::string(dtype_name(std::get<0>(i.param))) + "_" +
+                                  layout_name(std::get<1>(i.param));
+                         });
+
+// The same product twice: the same bits (cuBLAS picks one algorithm per shape).
+TEST_F(CudaMatmul, DeterministicAndF32IsNotTf32) {
+  Tf32Guard tf32(false);
+  const Tensor a = random_tensor(Shape({512, 1024}), DType::F32, 901);
+  const Tensor b = random_tensor(Shape({1024, 384}), DType::F32, 902);
+  const Tensor ag = to_gpu(a), bg = to_gpu(b);
+  const Tensor y1 = ag.matmul(bg), y2 = ag.matmul(bg);
+  EXPECT_TRUE(same_bits(y1, y2, Cmp::Bits));
+  // 16 products of (1 + 2^-12) and 1: 16 + 2^-8, exact in f32 in any order; TF32's 10-bit
+  // mantissa would round 1 + 2^-12 to 1 and give 16.
+  const Tensor p = Tensor::full(Shape({16, 16}), 1.0 + std::ldexp(1.0, -12), DType::F32, kGpu);
+  const Tensor q = Tensor::ones(Shape({16, 16}), DType::F32, kGpu);
+  for (double v : values(p.matmul(q))) ASSERT_EQ(v, 16.0 + std::ldexp(1.0, -8));
+}
+
+// ---- index ops ----------------------------------------------------------------------------------
+
+std::vector<int64_t> random_indices(size_t n, size_t limit, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int64_t> u(0, static_cast<int64_t>(limit) - 1);
+  std::vector<int64_t> v(n);
+  for (int64_t& x : v) x = u(rng);
+  return v;
+}
+
+Tensor index_tensor(const std::vector<int64_t>& v, const Shape& s, DType idt) {
+  if (idt == DType::U32) return Tensor::from_vector(std::vector<uint32_t>(v.begin(), v.end()), s);
+  return Tensor::from_vector(v, s);
+}
+
+/// Small integers (exact in every dtype and in every sum the scatter tests make).
+Tensor small_ints(const Shape& s, DType dt, uint64_t seed) {
+  if (!is_float(dt)) return random_tensor(s, dt, seed, 0.0, 8.0);
+  return random_tensor(s, DType::F64, seed, -8.0, 8.0).to_dtype(DType::I64).to_dtype(dt);
+}
+
+class CudaIndexP : public CudaParamTest<DType> {};
+
+TEST_P(CudaIndexP, IndexSelect) {
+  const DType dt = GetParam();
+  ASSERT_TRUE(has_kernel(OpId::index_select, kGpu, dt));
+  uint64_t seed = 700;
+  const std::vector<std::pair<std::vector<size_t>, size_t>> cases = {
+      {{5, 7, 33}, 11}, {{1031, 7}, 1200}, {{1, 1}, 3}, {{7, 1}, 1}, {{4, 5}, 0}};
+  for (const auto& [dims, len] : cases)
+    for (size_t d = 0; d < dims.size(); ++d)
+      for (DType idt : {DType::I64, DType::U32})
+        for (LayoutKind lk : kAllLayouts) {
+          SCOPED_TRACE(Shape(dims).to_string() + " dim " + std::to_string(d) + " idx " +
+                       std::string(dtype_name(idt)) + " " + layout_name(lk));
+          const Both x = on_both(random_any(Shape(dims), dt, ++seed, -100, 100), lk);
+          const Tensor idx = index_tensor(random_indices(len, dims[d], ++seed), Shape({len}), idt);
+          const int64_t di = static_cast<int64_t>(d);
+          const Tensor yc = x.cpu.index_select(idx, di), yg = x.gpu.index_select(to_gpu(idx), di);
+          ASSERT_TRUE(gpu_result(yg, yc));
+          EXPECT_TRUE(same_bits(yg, yc));
+        }
+  // A strided index vector (every other element of a longer one).
+  const Tensor x = random_any(Shape({9, 4}), dt, 1, -100, 100);
+  const Both idx = make_both(index_tensor(random_indices(10, 9, 2), Shape({5, 2}), DType::I64),
+                             [](const Tensor& t) { return t.narrow(1, 0, 1).squeeze(1); });
+  ASSERT_FALSE(idx.gpu.is_contiguous());
+  EXPECT_TRUE(same_bits(to_gpu(x).index_select(idx.gpu, 0), x.index_select(idx.cpu, 0)));
+}
+
+TEST_P(CudaIndexP, Gather) {
+  const DType dt = GetParam();
+  ASSERT_TRUE(has_kernel(OpId::gather, kGpu, dt));
+  uint64_t seed = 900;
+  const std::vector<size_t> dims = {4, 9, 6};
+  for (size_t d = 0; d < 3; ++d)
+    for (size_t j : {size_t{1}, size_t{5}, size_t{13}})
+      for (LayoutKind lk : kAllLayouts) {
+        SCOPED_TRACE("dim " + std::to_string(d) + " J " + std::to_string(j) + " " + layout_name(lk));
+        const Both x = on_both(random_any(Shape(dims), dt, ++seed, -100, 100), lk);
+        std::vector<size_t> idims = dims;
+        idims[d] = j;
+        const DType idt = (seed & 1) ? DType::I64 : DType::U32;
+        const Both idx = on_both(
+            index_tensor(random_indices(Shape(idims).elem_count(), dims[d], ++seed), Shape(idims), idt),
+            lk);
+        const int64_t di = static_cast<int64_t>(d);
+        const Tensor yc = x.cpu.gather(idx.cpu, di), yg = x.gpu.gather(idx.gpu, di);
+        ASSERT_TRUE(gpu_result(yg, yc));
+        EXPECT_TRUE(same_bits(yg, yc));
+      }
+  const Tensor x = random_any(Shape({3, 1100}), dt, 5, -100, 100);
+  const Tensor idx = index_tensor(random_indices(3 * 1500, 1100, 6), Shape({3, 1500}), DType::I64);
+  EXPECT_TRUE(same_bits(to_gpu(x).gather(to_gpu(idx), 1), x.gather(idx, 1)));
+}
+
+TEST_P(CudaIndexP, ScatterAdd) {
+  const DType dt = GetParam();
+  ASSERT_TRUE(has_kernel(OpId::scatter_add, kGpu, dt));
+  uint64_t seed = 1100;
+  const std::vector<size_t> dims = {4, 9, 6};
+  for (size_t d = 0; d < 3; ++d)
+    for (size_t j : {size_t{1}, size_t{5}, size_t{13}})
+      for (LayoutKind lk : kAllLayouts) {
+        SCOPED_TRACE("dim " + std::to_string(d) + " J " + std::to_string(j) + " " + layout_name(lk));
+        const Both x = on_both(small_ints(Shape(dims), dt, ++seed), lk);
+        std::vector<size_t> idims = dims;
+        idims[d] = j;
+        const DType idt = (seed & 1) ? DType::I64 : DType::U32;
+        const Tensor idx =
+            index_tensor(random_indices(Shape(idims).elem_count(), dims[d], ++seed), Shape(idims), idt);
+        const Both src = on_both(small_ints(Shape(idims), dt, ++seed), lk);
+        const int64_t di = static_cast<int64_t>(d);
+        const Tensor yc = x.cpu.scatter_add(idx, src.cpu, di);
+        const Tensor yg = x.gpu.scatter_add(to_gpu(idx), src.gpu, di);
+        ASSERT_TRUE(gpu_result(yg, yc));
+        EXPECT_TRUE(same_bits(yg, yc));
+      }
+  // Many rows hitting a few indices (the half types: 200 hits, exact there; the others 20000).
+  const size_t rows = is_half(dt) ? 200 : 20000;
+  std::vector<int64_t> iv(rows * 8);
+  for (size_t i = 0; i < iv.size(); ++i) iv[i] = (i % 7 == 0) ? 3 : 0;
+  const Tensor idx = index_tensor(iv, Shape({rows, 8}), DType::I64);
+  const Tensor x = small_ints(Shape({4, 8}), dt, 1);
+  const Tensor src =
+      is_float(dt) ? random_tensor(Shape({rows, 8}), DType::F64, 2, -1.99, 2.0).to_dtype(DType::I64).to_dtype(dt)
+                   : random_tensor(Shape({rows, 8}), dt, 2, 0.0, 3.0);
+  const Tensor yg = to_gpu(x).scatter_add(to_gpu(idx), to_gpu(src), 0);
+  EXPECT_TRUE(same_bits(yg, x.scatter_add(idx, src, 0))) << "many hits, small integers";
+  // The input is not modified (the output is a copy).
+  const Tensor xg = to_gpu(x);
+  (void)xg.scatter_add(to_gpu(idx), to_gpu(src), 0);
+  EXPECT_TRUE(same_bits(xg, x)) << "the input changed";
+}
+
+TEST_P(CudaIndexP, Cat) {
+  const DType dt = GetParam();
+  ASSERT_TRUE(has_kernel(OpId::cat, kGpu, dt));
+  uint64_t seed = 1300;
+  for (size_t d = 0; d < 3; ++d)
+    for (LayoutKind lk : kAllLayouts) {
+      SCOPED_TRACE("dim " + std::to_string(d) + " " + layout_name(lk));
+      std::vector<std::vector<size_t>> dims = {{2, 3, 4}, {2, 3, 4}, {2, 3, 4}, {2, 3, 4}};
+      dims[0][d] = 1;
+      dims[1][d] = 7;
+      dims[2][d] = 33;
+      dims[3][d] = 0;
+      std::vector<Tensor> tc, tg;
+      for (size_t i = 0; i < dims.size(); ++i) {
+        const Both t = on_both(random_any(Shape(dims[i]), dt, ++seed, -100, 100),
+                               i == 1 ? LayoutKind::Contiguous : lk);
+        tc.push_back(t.cpu);
+        tg.push_back(t.gpu);
+      }
+      const int64_t di = static_cast<int64_t>(d);
+      const Tensor yc = Tensor::cat(tc, di), yg = Tensor::cat(tg, di);
+      ASSERT_TRUE(gpu_result(yg, yc));
+      EXPECT_TRUE(same_bits(yg, yc));
+    }
+  const Tensor a = random_any(Shape({1000, 3}), dt, 1, -100, 100);
+  const Tensor b = random_any(Shape({1200, 3}), dt, 2, -100, 100);
+  EXPECT_TRUE(same_bits(Tensor::cat({to_gpu(a), to_gpu(b)}, 0), Tensor::cat({a, b}, 0)));
+}
+
+// narrow is a view (no kernel); its backward is narrow_bwd, directly and through autograd.
+TEST_P(CudaIndexP, NarrowAndNarrowBwd) {
+  const DType dt = GetParam();
+  ASSERT_TRUE(has_kernel(OpId::narrow_bwd, kGpu, dt));
+  uint64_t seed = 1500;
+  const std::vector<size_t> gdims = {3, 5, 7};
+  for (size_t d = 0; d < 3; ++d)
+    for (size_t start : {size_t{0}, size_t{2}})
+      for (LayoutKind lk : kAllLayouts) {
+        SCOPED_TRACE("dim " + std::to_string(d) + " start " + std::to_string(start) + " " +
+                     layout_name(lk));
+        const Both g = on_both(random_any(Shape(gdims), dt, ++seed, -100, 100), lk);
+        const size_t full = gdims[d] + start + 4;
+        OpAttrs a;
+        a.i0 = static_cast<int64_t>(d);
+        a.ints = {static_cast<int64_t>(start), static_cast<int64_t>(full)};
+        const Tensor yc = dispatch1(OpId::narrow_bwd, {g.cpu}, a);
+        const Tensor yg = dispatch1(OpId::narrow_bwd, {g.gpu}, a);
+        ASSERT_TRUE(gpu_result(yg, yc));
+        EXPECT_TRUE(same_bits(yg, yc));
+        // The forward view on the GPU, and its gradient through autograd (float dtypes).
+        const int64_t di = static_cast<int64_t>(d);
+        EXPECT_TRUE(same_bits(g.gpu.narrow(di, 1, 2), g.cpu.narrow(di, 1, 2)));
+        if (!is_float(dt)) continue;
+        std::vector<size_t> xdims = gdims;
+        xdims[d] = full;
+        const Tensor x = random_tensor(Shape(xdims), dt, ++seed);
+        const Var vc = Var::from_tensor(x), vg = Var::from_tensor(to_gpu(x));
+        const std::optional<Tensor> dc = vc.narrow(di, start, gdims[d]).backward(g.cpu).get(vc);
+        const std::optional<Tensor> dg = vg.narrow(di, start, gdims[d]).backward(g.gpu).get(vg);
+        ASSERT_TRUE(dc && dg);
+        EXPECT_EQ(dg->device(), kGpu);
+        EXPECT_TRUE(same_bits(*dg, *dc)) << "the gradient of narrow";
+      }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaIndexP, ::testing::ValuesIn(kAllTypes),
+                         [](const ::testing::TestParamInfo<DType>& i) {
+                           return std::string(dtype_name(i.param));
+                         });
+
+// scatter_add of random floats with many rows on a few indices (the sorted plan of
+// cuda/index.cu: long J, few columns): the same bits twice (no float atomics), and the CPU's
+// bits (each output adds its contributions in source order, in the CPU's precision: bf16/f16
+// add in f32 and round once per add), every float dtype; plus a bound against the CPU's f64
+// result, which holds whatever the order.
+TEST_F(CudaIndex, ScatterAddManyHitsIsDeterministic) {
+  for (DType dt : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const size_t rows = 100000, cols = 8;
+    std::vector<int64_t> iv(rows * cols);
+    for (size_t i = 0; i < iv.size(); ++i) iv[i] = (i % 11 == 0) ? 2 : 0;
+    const Tensor idx = Tensor::from_vector(iv, Shape({rows, cols}));
+    const Tensor src = random_tensor(Shape({rows, cols}), dt, 3, -1.0, 1.0);
+    const Tensor x = random_tensor(Shape({4, cols}), dt, 4);
+    const Tensor ig = to_gpu(idx), sg = to_gpu(src), xg = to_gpu(x);
+    const Tensor y1 = xg.scatter_add(ig, sg, 0), y2 = xg.scatter_add(ig, sg, 0);
+    EXPECT_TRUE(same_bits(y1, y2, Cmp::Bits)) << "the same scatter_add twice";
+    EXPECT_TRUE(same_bits(y1, x.scatter_add(idx, src, 0))) << "the CPU's bits";
+    if (is_half(dt)) continue;  // rounded per add in the half type: no summation bound
+    const Tensor ref = x.to_dtype(DType::F64).scatter_add(idx, src.to_dtype(DType::F64), 0);
+    const Tensor scale = x.to_dtype(DType::F64).abs().scatter_add(idx, src.to_dtype(DType::F64).abs(), 0);
+    const std::vector<double> rv = values(ref), sv = values(scale);
+    std::vector<double> bound(rv.size());
+    for (size_t i = 0; i < rv.size(); ++i)
+      bound[i] = unit_roundoff(dt) * std::abs(rv[i]) +
+                 2.0 * static_cast<double>(rows + 4) * compute_u(dt) * sv[i];
+    EXPECT_TRUE(within(values(y1), rv, bound));
+  }
+}
+
+TEST_F(CudaIndex, OutOfRangeIndexOnTheGpuThrowsErrorNamingTheOp) {
+  const Tensor x = random_tensor(Shape({5, 4}), DType::F32, kGpu, 1);
+  const Tensor bad = to_gpu(index_tensor({0, 7, 1}, Shape({3}), DType::I64));
+  const Tensor bad2 = to_gpu(index_tensor({0, 1, 2, 3, 4, 9, 0, 1}, Shape({2, 4}), DType::U32));
+  std::string m = error_of([&] { x.index_select(bad, 0); });
+  EXPECT_TRUE(contains(m, "index_select") && contains(m, "7")) << m;
+  m = error_of([&] { x.gather(bad2, 0); });
+  EXPECT_TRUE(contains(m, "gather") && contains(m, "9")) << m;
+  m = error_of([&] { x.scatter_add(bad2, random_tensor(Shape({2, 4}), DType::F32, kGpu, 2), 0); });
+  EXPECT_TRUE(contains(m, "scatter_add") && contains(m, "9")) << m;
+  // The device is still usable afterwards.
+  EXPECT_TRUE(same_bits(x + x, to_cpu(x) + to_cpu(x)));
+}
+
+// ---- fused ops: CUDA runs the composed forms --------------------------------------------------
+
+enum class FOp { Softmax, LogSoftmax, RmsNorm, LayerNorm, GroupNorm };
+
+const char* fop_name(FOp op) {
+  switch (op) {
+    case FOp::Softmax: return "softmax";
+    case FOp::LogSoftmax: return "log_softmax";
+    case FOp::RmsNorm: return "rms_norm";
+    case FOp::LayerNorm: return "layer_norm";
+    case FOp::GroupNorm: return "group_norm";
+  }
+  return "?";
+}
+
+bool is_norm(FOp op) { return op == FOp::RmsNorm || op == FOp::LayerNorm || op == FOp::GroupNorm; }
+
+constexpr double kEps = 1e-5;
+constexpr double kNoise = 64;  ///< test_fused.cpp's multiple of u_c for the computation's own error
+
+/// The rounding-floor bound of test_fused.cpp: |got - ref| <= ulps ulp_T(ref) + noise u_c scale.
+::testing::AssertionResult at_floor(const std::vector<double>& got, const std::vector<double>& ref,
+                                    const std::vector<double>& scale, DType dt, double ulps,
+                                    double noise = kNoise) {
+  if (got.size() != ref.size() || scale.size() != ref.size())
+    return ::testing::AssertionFailure() << "size " << got.size() << " vs " << ref.size();
+  std::vector<double> bound(ref.size());
+  for (size_t i = 0; i < ref.size(); ++i)
+    bound[i] = ulps * ulp_at(dt, ref[i]) + noise * compute_u(dt) * scale[i];
+  return within(got, ref, bound);
+}
+
+/// A fused op's inputs (w, b empty for no affine) on one device.
+struct FusedIn {
+  Tensor x, w, b;
+  size_t groups = 1;
+};
+
+Tensor empty_of(DType dt, Device dev) { return Tensor::zeros(Shape({0}), dt, dev); }
+
+/// test_fused.cpp's inputs: softmax randn * 3; norms randn + 0.5, weights ±[0.5, 1.5], biases
+/// in [-1, 1]; all on the CPU.
+FusedIn make_fused(FOp op, DType dt, const Shape& shape, uint64_t seed, bool affine, size_t groups) {
+  FusedIn p;
+  p.groups = groups;
+  p.w = p.b = empty_of(dt, kCpu);
+  if (!is_norm(op)) {
+    p.x = Tensor::randn(shape, dt, kCpu, seed, 0.0, 3.0);
+    return p;
+  }
+  p.x = Tensor::randn(shape, dt, kCpu, seed, 0.5, 1.0);
+  const size_t P = op == FOp::GroupNorm ? shape[1] : shape[shape.rank() - 1];
+  if (affine) {
+    std::vector<double> w = values(random_tensor(Shape({P}), DType::F64, seed + 1, 0.5, 1.5));
+    for (size_t i = 0; i < P; i += 3) w[i] = -w[i];
+    p.w = Tensor::from_vector(w, Shape({P})).to_dtype(dt);
+    if (op != FOp::RmsNorm) p.b = random_tensor(Shape({P}), dt, seed + 2, -1.0, 1.0);
+  }
+  return p;
+}
+
+Tensor run_fused(FOp op, const FusedIn& p) {
+  switch (op) {
+    case FOp::Softmax: return ops::softmax_last_dim(p.x);
+    case FOp::LogSoftmax: return ops::log_softmax_last_dim(p.x);
+    case FOp::RmsNorm: return ops::rms_norm(p.x, p.w, kEps);
+    case FOp::LayerNorm: return ops::layer_norm(p.x, p.w, p.b, kEps);
+    case FOp::GroupNorm: return ops::group_norm(p.x, p.groups, p.w, p.b, kEps);
+  }
+  return Tensor();
+}
+
+/// The f64 reference of the forward and the scale of the rounding floor (test_fused.cpp).
+struct FusedExpected {
+  std::vector<double> y, scale;
+};
+
+FusedExpected fused_reference(FOp op, const FusedIn& p) {
+  const std::vector<double> x = values(p.x);
+  const size_t D = p.x.dims().back();
+  FusedExpected e;
+  if (!is_norm(op)) {
+    const bool log = op == FOp::LogSoftmax;
+    e.y = log ? ref::log_softmax_fwd(x, D) : ref::softmax_fwd(x, D);
+    e.scale.resize(x.size());
+    for (size_t r = 0; r * D < x.size(); ++r) {
+      double m = -kInf, s = 0;
+      for (size_t i = 0; i < D; ++i) m = std::max(m, x[r * D + i]);
+      for (size_t i = 0; i < D; ++i) s += std::exp(x[r * D + i] - m);
+      for (size_t i = 0; i < D; ++i) {
+        const size_t j = r * D + i;
+        e.scale[j] = log ? std::abs(x[j] - m) + std::abs(std::log(s)) + 1.0
+                         : (e.y[j] == 0 ? 0.0 : std::abs(e.y[j]) * (1.0 + std::abs(x[j] - m)));
+      }
+    }
+    return e;
+  }
+  const std::vector<double> w = p.w.elem_count() ? values(p.w) : std::vector<double>();
+  const std::vector<double> b = p.b.elem_count() ? values(p.b) : std::vector<double>();
+  ref::NormFwd o;
+  size_t S = 1, P = D;
+  if (op == FOp::RmsNorm) o = ref::rms_norm_fwd(x, w, D, kEps);
+  if (op == FOp::LayerNorm) o = ref::layer_norm_fwd(x, w, b, D, kEps);
+  if (op == FOp::GroupNorm) {
+    const size_t N = p.x.dim(0), C = p.x.dim(1);
+    S = x.size() / (N * C);
+    P = C;
+    o = ref::group_norm_fwd(x, w, b, N, C, S, p.groups, kEps);
+  }
+  e.y = o.y;
+  e.scale.resize(x.size());
+  const size_t L = x.size() / std::max<size_t>(o.rstd.size(), 1);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const size_t k = L ? i / L : 0, c = (i / S) % P;
+    const double mean = o.mean.empty() ? 0.0 : o.mean[k];
+    e.scale[i] = (std::abs(x[i]) + std::abs(mean)) * o.rstd[k] * (w.empty() ? 1.0 : std::abs(w[c])) +
+                 (b.empty() ? 0.0 : std::abs(b[c])) + std::abs(o.y[i]);
+  }
+  return e;
+}
+
+using FusedParam = std::tuple<FOp, DType, LayoutKind>;
+class CudaFusedForward : public CudaParamTest<FusedParam> {};
+
+TEST_P(CudaFusedForward, ComposedOnGpuMatchesCpuKernelAndReference) {
+  const auto [op, dt, layout] = GetParam();
+  std::vector<std::pair<Shape, size_t>> shapes;  // (shape, groups)
+  if (op == FOp::GroupNorm) {
+    shapes = {{Shape({3, 4}), 4},         {Shape({2, 6, 7}), 3},    {Shape({1, 8, 33}), 2},
+              {Shape({2, 4, 10, 100}), 2}, {Shape({1, 6, 4099}), 3}, {Shape({67, 4, 7}), 2},
+              {Shape({1, 2, 40000}), 1}};
+  } else {
+    for (size_t D : {1, 7, 33, 1000, 4099})
+      for (size_t R : {1, 67}) shapes.push_back({Shape({R, D}), 1});
+    shapes.push_back({Shape({2, 3, 50}), 1});
+  }
+  uint64_t seed = 100;
+  for (const auto& [s, groups] : shapes)
+    for (bool affine : {true, false}) {
+      if (!is_norm(op) && !affine) continue;
+      SCOPED_TRACE(std::string(fop_name(op)) + " " + s.to_string() + (affine ? " affine" : " plain") +
+                   " G=" + std::to_string(groups));
+      const FusedIn p = make_fused(op, dt, s, ++seed, affine, groups);
+      const FusedExpected e = fused_reference(op, p);
+      const Both x = on_both(p.x, layout);
+      FusedIn pc = p, pg = p;
+      pc.x = x.cpu;
+      pg.x = x.gpu;
+      pg.w = to_gpu(p.w);
+      pg.b = to_gpu(p.b);
+      const Tensor yc = run_fused(op, pc), yg = run_fused(op, pg);
+      ASSERT_TRUE(yg.device() == kGpu && yg.dtype() == dt && yg.shape() == s);
+      const std::vector<double> gv = values(yg), cv = values(yc);
+      EXPECT_TRUE(at_floor(gv, e.y, e.scale, dt, 0.5)) << "gpu vs the f64 reference";
+      if (is_half(dt)) {
+        EXPECT_TRUE(at_floor(gv, cv, e.scale, dt, 1.0)) << "gpu vs the cpu kernel";
+      } else {
+        const double tol = dt == DType::F64 ? 1e-10 : 1e-5;
+        EXPECT_TRUE(at_floor(gv, cv, e.scale, DType::F64, 0.0, tol / compute_u(DType::F64)))
+            << "gpu vs the cpu kernel, relative " << tol;
+      }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cuda, CudaFusedForward,
+    ::testing::Combine(::testing::Values(FOp::Softmax, FOp::LogSoftmax, FOp::RmsNorm,
+                                         FOp::LayerNorm, FOp::GroupNorm),
+                       ::testing::ValuesIn(kFloatTypes),
+                       ::testing::Values(LayoutKind::Contiguous, LayoutKind::Transposed)),
+    [](const ::testing::TestParamInfo<FusedParam>& i) {
+      return std::string(fop_name(std::get<0>(i.param))) + "_" +
+             std::string(dtype_name(std::get<1>(i.param))) + "_" +
+             layout_name(std::get<2>(i.param));
+    });
+
+/// Forward and every gradient of a fused op with upstream `up` (test_fused_grad.cpp's run).
+struct FusedGrads {
+  std::vector<double> y, dx, dw, db;
+};
+
+FusedGrads run_grads(FOp op, const FusedIn& in, const Tensor& up) {
+  const Var x = Var::from_tensor(in.x);
+  Var w, b;
+  FusedIn v{x, in.w, in.b, in.groups};
+  if (in.w.elem_count()) v.w = w = Var::from_tensor(in.w);
+  if (in.b.elem_count() && op != FOp::RmsNorm) v.b = b = Var::from_tensor(in.b);
+  const Tensor y = run_fused(op, v);
+  const GradStore g = (y.to_dtype(DType::F64) * up.to_dtype(DType::F64)).sum_all().backward();
+  FusedGrads r;
+  r.y = values(y);
+  EXPECT_TRUE(g.get(x).has_value()) << "no gradient for x";
+  if (g.get(x)) {
+    EXPECT_EQ(g.get(x)->device(), in.x.device());
+    r.dx = values(*g.get(x));
+  }
+  if (w.defined() && g.get(w)) r.dw = values(*g.get(w));
+  if (b.defined() && g.get(b)) r.db = values(*g.get(b));
+  return r;
+}
+
+/// test_fused_grad.cpp's floor: |got - ref| <= 1.01 u |ref| + 1e-2 u max|ref|.
+::testing::AssertionResult at_rounding_floor(const std::vector<double>& got,
+                                             const std::vector<double>& ref, DType dt) {
+  double mx = 0;
+  for (double v : ref)
+    if (std::isfinite(v)) mx = std::max(mx, std::abs(v));
+  const double u = unit_roundoff(dt);
+  return all_close(got, ref, 1.01 * u, 1e-2 * u * mx);
+}
+
+using FusedBwdParam = std::tuple<FOp, DType, bool>;
+class CudaFusedBackward : public CudaParamTest<FusedBwdParam> {};
+
+TEST_P(CudaFusedBackward, GradientsOnGpuMatchCpu) {
+  const auto [op, dt, transposed] = GetParam();
+  const Shape s = op == FOp::GroupNorm ? Shape({3, 8, 5, 7}) : Shape({9, 37});
+  const FusedIn p = make_fused(op, dt, s, 11, true, op == FOp::GroupNorm ? 4 : 1);
+  const Tensor up = random_tensor(s, dt, 99);
+  const Both x = on_both(p.x, transposed ? LayoutKind::Transposed : LayoutKind::Contiguous);
+  FusedIn pc = p, pg = p;
+  pc.x = x.cpu;
+  pg.x = x.gpu;
+  pg.w = to_gpu(p.w);
+  pg.b = to_gpu(p.b);
+  const FusedGrads c = run_grads(op, pc, up), g = run_grads(op, pg, to_gpu(up));
+  if (is_norm(op)) {
+    EXPECT_FALSE(g.dw.empty()) << "no gradient for w";
+  }
+  if (op == FOp::LayerNorm || op == FOp::GroupNorm) {
+    EXPECT_FALSE(g.db.empty()) << "no gradient for b";
+  }
+  if (is_half(dt)) {
+    // Both at the rounding floor of the f64 gradients (the CPU's fused f64 run).
+    FusedIn p64{p.x.to_dtype(DType::F64), p.w.to_dtype(DType::F64), p.b.to_dtype(DType::F64),
+                p.groups};
+    const FusedGrads r = run_grads(op, p64, up);
+    EXPECT_TRUE(at_rounding_floor(g.y, r.y, dt)) << "y";
+    EXPECT_TRUE(at_rounding_floor(g.dx, r.dx, dt)) << "dx";
+    EXPECT_TRUE(at_rounding_floor(g.dw, r.dw, dt)) << "dw";
+    EXPECT_TRUE(at_rounding_floor(g.db, r.db, dt)) << "db";
+  } else {
+    const double tol = dt == DType::F64 ? 1e-10 : 1e-5;
+    EXPECT_TRUE(all_close(g.y, c.y, tol, tol * 1e-2)) << "y";
+    EXPECT_TRUE(all_close(g.dx, c.dx, tol, tol * 1e-2)) << "dx";
+    EXPECT_TRUE(all_close(g.dw, c.dw, tol, tol * 1e-2)) << "dw";
+    EXPECT_TRUE(all_close(g.db, c.db, tol, tol * 1e-2)) << "db";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cuda, CudaFusedBackward,
+    ::testing::Combine(::testing::Values(FOp::Softmax, FOp::LogSoftmax, FOp::RmsNorm,
+                                         FOp::LayerNorm, FOp::GroupNorm),
+                       ::testing::ValuesIn(kFloatTypes), ::testing::Bool()),
+    [](const ::testing::TestParamInfo<FusedBwdParam>& i) {
+      return std::string(fop_name(std::get<0>(i.param))) + "_" +
+             std::string(dtype_name(std::get<1>(i.param))) +
+             (std::get<2>(i.param) ? "_transposed" : "_contiguous");
+    });
+
+// The dedicated softmax backward ops on the GPU (their composed forms there) against the CPU
+// kernels, with the forward's saved (max, log-sum) from the CPU kernel; NaN rows included.
+TEST_F(CudaFused, SoftmaxBackwardOpsMatchCpuKernels) {
+  for (bool log : {false, true})
+    for (DType dt : kFloatTypes) {
+      SCOPED_TRACE(std::string(log ? "log_softmax " : "softmax ") + std::string(dtype_name(dt)));
+      const OpId fwd = log ? OpId::log_softmax_last_dim : OpId::softmax_last_dim;
+      const OpId bwd = log ? OpId::log_softmax_last_dim_bwd : OpId::softmax_last_dim_bwd;
+      const KernelSlot& kf = op_def(fwd).kernels[static_cast<int>(DeviceKind::Cpu)];
+      ASSERT_NE(kf.fn, nullptr);
+      for (size_t D : {size_t{33}, size_t{4099}}) {
+        std::vector<double> x = values(Tensor::randn(Shape({6, D}), DType::F64, kCpu, 81));
+        x[4] = kNaN;
+        for (size_t i = 0; i < D; ++i) x[D + i] = -kInf;
+        x[2 * D + 5] = kInf;
+        for (size_t i = 0; i < D; i += 4) x[3 * D + i] = -kInf;
+        const Tensor xt = Tensor::from_vector(x, Shape({6, D})).to_dtype(dt);
+        const Tensor dy = Tensor::randn(Shape({6, D}), dt, kCpu, 82);
+        const Tensor stats = kf.fn({xt}, OpAttrs{})[1];
+        const std::vector<double> want = values(dispatch1(bwd, {xt, stats, dy}));
+        const Tensor got = dispatch1(bwd, {to_gpu(xt), to_gpu(stats), to_gpu(dy)});
+        ASSERT_EQ(got.device(), kGpu);
+        const std::vector<double> gv = values(got);
+        ASSERT_EQ(gv.size(), want.size());
+        const double tol = dt == DType::F64 ? 1e-12 : (dt == DType::F32 ? 1e-5 : 1e-2);
+        std::vector<double> bound(want.size());
+        for (size_t i = 0; i < want.size(); ++i)
+          bound[i] = tol * (1.0 + (std::isfinite(want[i]) ? std::abs(want[i]) : 0.0));
+        EXPECT_TRUE(within(gv, want, bound)) << "D = " << D;
+      }
+    }
+}
+
+// ---- gradient checks on the GPU (f64 central differences) ------------------------------------
+
+using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+struct GradCase {
+  std::string name;
+  OpId op;
+  Fn f;  ///< computes on the device of its inputs
+  std::vector<Tensor> inputs;
+  double tol = 1e-6;
+};
+
+Tensor r64(const Shape& s, uint64_t seed, double lo = -2.0, double hi = 2.0) {
+  return random_tensor(s, DType::F64, seed, lo, hi);
+}
+// Values in ±[0.2, 2]: away from the kinks of abs, relu and friends.
+Tensor away_from_zero(const Shape& s, uint64_t seed) {
+  const Tensor m = r64(s, seed, 0.2, 2.0);
+  const Tensor sign = r64(s, seed + 1, -1.0, 1.0);
+  NoGradGuard ng;
+  return sign.gt(Tensor::zeros(Shape({1}), DType::F64)).where_cond(m, -m);
+}
+/// A CPU tensor captured by a case, moved to the device of `like`.
+Tensor on(const Tensor& t, const Tensor& like) { return t.to_device(like.device()); }
+
+std::vector<GradCase> make_grad_cases() {
+  std::vector<GradCase> c;
+  auto un = [&](std::string n, OpId op, auto fn, Tensor x, double tol = 1e-6) {
+    c.push_back({n, op, [fn](const std::vector<Tensor>& v) { return fn(v[0]); }, {x}, tol});
+  };
+  auto bin = [&](std::string n, OpId op, auto fn, Tensor a, Tensor b) {
+    c.push_back({n, op, [fn](const std::vector<Tensor>& v) { return fn(v[0], v[1]); }, {a, b}});
+  };
+  const Shape s({3, 5});
+  un("to_device", OpId::to_device, [](const Tensor& x) { return x * x; }, r64(s, 1));
+  un("reshape", OpId::reshape, [](const Tensor& x) { return x.reshape({5, 3}); }, r64(s, 1));
+  un("permute", OpId::permute, [](const Tensor& x) { return x.permute({2, 0, 1}); }, r64({2, 3, 4}, 2));
+  un("narrow", OpId::narrow, [](const Tensor& x) { return x.narrow(1, 1, 3); }, r64(s, 3));
+  un("broadcast_as", OpId::broadcast_as, [](const Tensor& x) { return x.broadcast_as({2, 3, 5}); },
+     r64({3, 1}, 4));
+  un("copy", OpId::copy, [](const Tensor& x) { return x.t().contiguous(); }, r64(s, 5));
+  un("to_dtype", OpId::to_dtype,
+     [](const Tensor& x) { return x.to_dtype(DType::F32).to_dtype(DType::F64); }, r64(s, 6), 1e-2);
+  un("neg", OpId::neg, [](const Tensor& x) { return x.neg(); }, r64(s, 7));
+  un("abs", OpId::abs, [](const Tensor& x) { return x.abs(); }, away_from_zero(s, 8));
+  un("exp", OpId::exp, [](const Tensor& x) { return x.exp(); }, r64(s, 9));
+  un("log", OpId::log, [](const Tensor& x) { return x.log(); }, r64(s, 10, 0.3, 3.0));
+  un("sqrt", OpId::sqrt, [](const Tensor& x) { return x.sqrt(); }, r64(s, 11, 0.3, 3.0));
+  un("rsqrt", OpId::rsqrt, [](const Tensor& x) { return x.rsqrt(); }, r64(s, 12, 0.3, 3.0));
+  un("recip", OpId::recip, [](const Tensor& x) { return x.recip(); }, away_from_zero(s, 13));
+  un("sqr", OpId::sqr, [](const Tensor& x) { return x.sqr(); }, r64(s, 14));
+  un("tanh", OpId::tanh, [](const Tensor& x) { return x.tanh(); }, r64(s, 15));
+  un("sigmoid", OpId::sigmoid, [](const Tensor& x) { return x.sigmoid(); }, r64(s, 16));
+  un("relu", OpId::relu, [](const Tensor& x) { return x.relu(); }, away_from_zero(s, 17));
+  un("gelu", OpId::gelu, [](const Tensor& x) { return x.gelu(); }, r64(s, 18, -4, 4));
+  un("gelu_erf", OpId::gelu_erf, [](const Tensor& x) { return x.gelu_erf(); }, r64(s, 19, -4, 4));
+  un("silu", OpId::silu, [](const Tensor& x) { return x.silu(); }, r64(s, 20, -4, 4));
+  un("sin", OpId::sin, [](const Tensor& x) { return x.sin(); }, r64(s, 21, -4, 4));
+  un("cos", OpId::cos, [](const Tensor& x) { return x.cos(); }, r64(s, 22, -4, 4));
+  un("powf", OpId::powf, [](const Tensor& x) { return x.powf(2.5); }, r64(s, 23, 0.3, 3.0));
+  un("affine", OpId::affine, [](const Tensor& x) { return x.affine(-1.5, 0.25); }, r64(s, 24));
+  un("clamp", OpId::clamp, [](const Tensor& x) { return x.clamp(-0.9, 1.1); }, r64(s, 25));
+  bin("add", OpId::add, [](const Tensor& a, const Tensor& b) { return a + b; }, r64(s, 26), r64({5}, 27));
+  bin("sub", OpId::sub, [](const Tensor& a, const Tensor& b) { return a - b; }, r64(s, 28), r64({3, 1}, 29));
+  bin("mul", OpId::mul, [](const Tensor& a, const Tensor& b) { return a * b; }, r64(s, 30), r64(s, 31));
+  bin("div", OpId::div, [](const Tensor& a, const Tensor& b) { return a / b; }, r64(s, 32),
+      away_from_zero(s, 33));
+  bin("maximum", OpId::maximum, [](const Tensor& a, const Tensor& b) { return a.maximum(b); },
+      r64(s, 34), r64(s, 35));
+  bin("minimum", OpId::minimum, [](const Tensor& a, const Tensor& b) { return a.minimum(b); },
+      r64(s, 36), r64(s, 37));
+  {
+    const Tensor mask = r64(s, 38).gt(Tensor::zeros(Shape({1}), DType::F64));
+    bin("where_cond", OpId::where_cond,
+        [mask](const Tensor& a, const Tensor& b) { return on(mask, a).where_cond(a, b); },
+        r64(s, 39), r64({5}, 40));
+  }
+  c.push_back({"mul_add", OpId::mul_add,
+               [](const std::vector<Tensor>& v) { return v[0].mul_add(v[1], v[2]); },
+               {r64(s, 73), r64({3, 1}, 74), r64({5}, 75)}});
+  un("sum", OpId::sum, [](const Tensor& x) { return x.sum({0, 2}, true); }, r64({2, 3, 4}, 41));
+  un("max", OpId::max, [](const Tensor& x) { return x.max({1}); }, r64({4, 6}, 42));
+  un("min", OpId::min, [](const Tensor& x) { return x.min({0}); }, r64({4, 6}, 43));
+  bin("matmul", OpId::matmul, [](const Tensor& a, const Tensor& b) { return a.matmul(b); },
+      r64({2, 3, 4}, 44), r64({4, 5}, 45));
+  bin("matmul_t", OpId::matmul, [](const Tensor& a, const Tensor& b) { return a.matmul(b.t()); },
+      r64({3, 4}, 46), r64({5, 4}, 47));
+  {
+    const Tensor i = Tensor::from_vector(std::vector<int64_t>{2, 0, 2, 1}, {4});
+    un("index_select", OpId::index_select,
+       [i](const Tensor& x) { return x.index_select(on(i, x), 0); }, r64({3, 5}, 48));
+    const Tensor gi = Tensor::from_vector(std::vector<int64_t>{0, 2, 1, 1, 0, 2}, {3, 2});
+    un("gather", OpId::gather, [gi](const Tensor& x) { return x.gather(on(gi, x), 1); },
+       r64({3, 3}, 49));
+    bin("scatter_add", OpId::scatter_add,
+        [gi](const Tensor& x, const Tensor& src) { return x.scatter_add(on(gi, x), src, 1); },
+        r64({3, 3}, 50), r64({3, 2}, 51));
+  }
+  bin("cat", OpId::cat, [](const Tensor& a, const Tensor& b) { return Tensor::cat({a, b}, 1); },
+      r64({3, 2}, 52), r64({3, 4}, 53));
+  un("narrow_bwd", OpId::narrow_bwd,
+     [](const Tensor& g) {
+       OpAttrs a;
+       a.i0 = 1;
+       a.ints = {2, 7};
+       return dispatch1(OpId::narrow_bwd, {g}, a);
+     },
+     r64({3, 4}, 54));
+  un("softmax_last_dim", OpId::softmax_last_dim,
+     [](const Tensor& x) { return ops::softmax_last_dim(x); }, r64({3, 7}, 55));
+  un("log_softmax_last_dim", OpId::log_softmax_last_dim,
+     [](const Tensor& x) { return ops::log_softmax_last_dim(x); }, r64({3, 7}, 56));
+  c.push_back({"rms_norm", OpId::rms_norm,
+               [](const std::vector<Tensor>& v) { return ops::rms_norm(v[0], v[1], 1e-5); },
+               {r64({4, 6}, 57), r64({6}, 58)}});
+  c.push_back({"layer_norm", OpId::layer_norm,
+               [](const std::vector<Tensor>& v) { return ops::layer_norm(v[0], v[1], v[2], 1e-5); },
+               {r64({4, 6}, 59), r64({6}, 60), r64({6}, 61)}});
+  c.push_back({"group_norm", OpId::group_norm,
+               [](const std::vector<Tensor>& v) {
+                 return ops::group_norm(v[0], 2, v[1], v[2], 1e-5);
+               },
+               {r64({2, 4, 3}, 62), r64({4}, 63), r64({4}, 64)}});
+  return c;
+}
+
+const std::vector<GradCase>& grad_cases() {
+  static const std::vector<GradCase> c = make_grad_cases();
+  return c;
+}
+
+class CudaGradCheck : public CudaParamTest<size_t> {};
+
+// grad_check makes the CPU inputs Vars; the function moves them to the GPU (a differentiable
+// to_device), computes there and moves the result back, so the gradient crosses both ways.
+TEST_P(CudaGradCheck, CentralDifferenceF64OnGpu) {
+  const GradCase& gc = grad_cases()[GetParam()];
+  const Fn f = gc.f;
+  const Fn on_gpu = [f](const std::vector<Tensor>& in) {
+    std::vector<Tensor> g;
+    for (const Tensor& t : in) g.push_back(to_gpu(t));
+    const Tensor y = f(g);
+    EXPECT_EQ(y.device(), kGpu) << "the case did not compute on the GPU";
+    return to_cpu(y);
+  };
+  EXPECT_TRUE(grad_check(on_gpu, gc.inputs, gc.tol)) << gc.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaGradCheck, ::testing::Range<size_t>(0, grad_cases().size()),
+                         [](const ::testing::TestParamInfo<size_t>& i) {
+                           return grad_cases()[i.param].name;
+                         });
+
+// ---- adamw_step (looked up by name: the optim family is younger than this suite) -------------
+
+std::optional<OpId> op_by_name(std::string_view name) {
+  for (size_t i = 0; i < kNumOps; ++i)
+    if (op_name(static_cast<OpId>(i)) == name) return static_cast<OpId>(i);
+  return std::nullopt;
+}
+
+/// Sets attrs.reals where OpAttrs has that field; false where it does not.
+template <class A> bool set_reals(A& a, const std::vector<double>& r) {
+  if constexpr (requires { a.reals = r; }) {
+    a.reals = r;
+    return true;
+  } else {
+    return false;
+  }
+}
+
+TEST_F(CudaOptim, AdamWStepMatchesCpuBitForBit) {
+  const std::optional<OpId> op = op_by_name("adamw_step");
+  if (!op) GTEST_SKIP() << "no adamw_step in the registry";
+  OpAttrs a;
+  const double b1 = 0.9, b2 = 0.999, lr = 1e-3;
+  const int t = 7;
+  if (!set_reals(a, {1.0 - lr * 0.01, b1, b2, 1e-8, lr / (1.0 - std::pow(b1, t)),
+                     std::sqrt(1.0 - std::pow(b2, t))}))
+    GTEST_SKIP() << "OpAttrs has no reals";
+  for (DType dt : {DType::F32, DType::F64}) {
+    if (!has_kernel(*op, kCpu, dt)) continue;
+    for (const Shape& s : {Shape({1000003}), Shape({3, 7}), Shape({0})}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " " + s.to_string());
+      const std::vector<Tensor> in = {random_tensor(s, dt, 1), random_tensor(s, dt, 2, -0.1, 0.1),
+                                      random_tensor(s, dt, 3, -0.01, 0.01),
+                                      random_tensor(s, dt, 4, 0.0, 1e-4)};
+      std::vector<Tensor> ing;
+      for (const Tensor& x : in) ing.push_back(to_gpu(x));
+      const std::vector<Tensor> oc = dispatch(*op, in, a), og = dispatch(*op, ing, a);
+      ASSERT_EQ(oc.size(), og.size());
+      for (size_t k = 0; k < oc.size(); ++k) {
+        ASSERT_TRUE(gpu_result(og[k], oc[k])) << "output " << k;
+        EXPECT_TRUE(same_bits(og[k], oc[k])) << "output " << k;
+      }
+    }
+  }
+}
+
+// ---- devices ------------------------------------------------------------------------------------
+
+// Mixing a CPU and a GPU tensor in one op is an Error naming both devices.
+TEST_F(CudaDevices, MixingDevicesIsAnErrorNamingBoth) {
+  const Tensor c = random_tensor(Shape({3, 4}), DType::F32, 1);
+  const Tensor g = random_tensor(Shape({3, 4}), DType::F32, kGpu, 2);
+  const Tensor cw = random_tensor(Shape({4}), DType::F32, 3);
+  const Tensor mask = Tensor::ones(Shape({3, 4}), DType::U8, kGpu);
+  const Tensor idx = Tensor::from_vector(std::vector<int64_t>{0, 2}, Shape({2}));
+  const std::vector<std::pair<std::string, std::function<void()>>> cases = {
+      {"add", [&] { (void)(c + g); }},
+      {"mul", [&] { (void)(g * c); }},
+      {"maximum", [&] { (void)g.maximum(c); }},
+      {"lt", [&] { (void)c.lt(g); }},
+      {"matmul", [&] { (void)c.matmul(g.t()); }},
+      {"mul_add", [&] { (void)g.mul_add(g, c); }},
+      {"where_cond", [&] { (void)mask.where_cond(g, c); }},
+      {"where_cond", [&] { (void)mask.where_cond(c, c); }},
+      {"cat", [&] { (void)Tensor::cat({g, c}, 0); }},
+      {"index_select", [&] { (void)g.index_select(idx, 0); }},
+      {"scatter_add", [&] { (void)g.scatter_add(to_gpu(idx.reshape({2, 1}).broadcast_as({2, 4}).contiguous()),
+                                                c.narrow(0, 0, 2), 0); }},
+      {"layer_norm", [&] { (void)ops::layer_norm(g, cw, Tensor(), 1e-5); }},
+      {"add", [&] { (void)dispatch1(OpId::add, {c, g}); }},
+  };
+  for (const auto& [op, f] : cases) {
+    const std::string m = error_of(f);
+    EXPECT_TRUE(contains(m, op)) << op << ": " << m;
+    EXPECT_TRUE(contains(m, "cpu") && contains(m, "cuda:0")) << op << ": " << m;
+  }
+}
+
+// A device ordinal that does not exist is an Error naming it, whichever way a tensor would get
+// there.
+TEST_F(CudaDevices, UnavailableOrdinalIsAnError) {
+  const Device bad = Device::cuda(99);
+  ASSERT_LT(device_count(DeviceKind::Cuda), 99);
+  const Tensor c = random_tensor(Shape({3}), DType::F32, 1);
+  for (const auto& f : std::vector<std::function<void()>>{
+           [&] { (void)Tensor::zeros(Shape({2}), DType::F32, bad); },
+           [&] { (void)Tensor::rand(Shape({2}), DType::F32, bad, 1); },
+           [&] { (void)Tensor::arange(0, 4, 1, DType::I64, bad); },
+           [&] { (void)c.to_device(bad); },
+           [&] { (void)to_gpu(c).to_device(bad); },
+           [&] { (void)Tensor::from_vector(std::vector<float>{1, 2}, Shape({2}), bad); }}) {
+    const std::string m = error_of(f);
+    EXPECT_TRUE(contains(m, "cuda:99")) << m;
+  }
+  // The gradient of a loss computed on the GPU arrives on the CPU source.
+  const Var v = Var::from_tensor(c);
+  const GradStore gs = to_cpu((to_gpu(v) * to_gpu(v)).sum_all()).backward();
+  ASSERT_TRUE(gs.get(v));
+  EXPECT_EQ(gs.get(v)->device(), kCpu);
+  EXPECT_TRUE(same_bits(*gs.get(v), c * 2.0));
+}
+
+// ---- one large case: an f32 add of more than 2^31 bytes per operand --------------------------
+
+TEST_F(CudaLarge, F32AddOfMoreThanTwoGiB) {
+  const size_t n = (size_t{1} << 29) + 17;
+  ASSERT_GT(n * sizeof(float), size_t{1} << 31);
+  const Tensor a = Tensor::rand(Shape({n}), DType::F32, kCpu, 1, -1e3, 1e3);
+  const Tensor b = Tensor::rand(Shape({n}), DType::F32, kCpu, 2, -1.0, 1.0);
+  const Tensor want = a + b;
+  const Tensor got = to_gpu(a) + to_gpu(b);
+  ASSERT_TRUE(gpu_result(got, want));
+  EXPECT_TRUE(same_bits(got, want));
+}
+
+// ---- coverage -------------------------------------------------------------------------------------
+
+/// The ops this file tests (from its tables, plus those its tests name one by one).
+std::set<std::string_view> tested_ops() {
+  std::set<std::string_view> s;
+  for (const UnarySpec& u : kUnary) s.insert(op_name(u.op));
+  for (const IntUnarySpec& u : kIntUnary) s.insert(op_name(u.op));
+  for (OpId op : kBinaryOps) s.insert(op_name(op));
+  for (const GradCase& g : grad_cases()) s.insert(op_name(g.op));
+  for (OpId op : {OpId::where_cond, OpId::mul_add, OpId::copy, OpId::to_dtype, OpId::fill,
+                  OpId::arange, OpId::rand_uniform, OpId::rand_normal, OpId::sum, OpId::max,
+                  OpId::min, OpId::argmax, OpId::argmin, OpId::matmul, OpId::index_select,
+                  OpId::gather, OpId::scatter_add, OpId::cat, OpId::narrow, OpId::narrow_bwd,
+                  OpId::reshape, OpId::permute, OpId::broadcast_as, OpId::to_device,
+                  OpId::softmax_last_dim, OpId::log_softmax_last_dim, OpId::softmax_last_dim_bwd,
+                  OpId::log_softmax_last_dim_bwd, OpId::rms_norm, OpId::layer_norm,
+                  OpId::group_norm})
+    s.insert(op_name(op));
+  s.insert("adamw_step");
+  return s;
+}
+
+TEST_F(CudaCoverage, EveryOpHasACudaKernelOrAComposedForm) {
+  for (size_t i = 0; i < kNumOps; ++i) {
+    const OpId op = static_cast<OpId>(i);
+    const OpDef& d = op_def(op);
+    const bool view_or_transfer = op == OpId::reshape || op == OpId::permute ||
+                                  op == OpId::narrow || op == OpId::broadcast_as ||
+                                  op == OpId::to_device;
+    const bool cuda_kernel = d.kernels[static_cast<int>(DeviceKind::Cuda)].fn != nullptr;
+    EXPECT_TRUE(view_or_transfer || cuda_kernel || d.composed != nullptr)
+        << op_name(op) << " has neither a CUDA kernel nor a composed form";
+    if (cuda_kernel) {
+      // Every dtype the CPU serves has a CUDA path too.
+      const uint32_t cpu = d.kernels[static_cast<int>(DeviceKind::Cpu)].dtypes;
+      const uint32_t gpu = d.kernels[static_cast<int>(DeviceKind::Cuda)].dtypes;
+      for (DType dt : kAllTypes) {
+        if ((cpu & dtype_bit(dt)) && !(gpu & dtype_bit(dt))) {
+          EXPECT_NE(d.composed, nullptr)
+              << op_name(op) << ": the CPU serves " << dtype_name(dt) << ", CUDA does not";
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaCoverage, EveryOpIsTestedHere) {
+  const std::set<std::string_view> mine = tested_ops();
+  for (size_t i = 0; i < kNumOps; ++i) {
+    const std::string_view name = op_name(static_cast<OpId>(i));
+    EXPECT_TRUE(mine.count(name)) << name << " has no case in test_cuda.cpp";
+  }
+}
+
+}  // namespace
+}  // namespace taper::testing
