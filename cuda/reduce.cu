@@ -4,7 +4,8 @@
 // Shapes: the (contiguous) input is viewed as x: (O, R, I), O = the kept dims before the reduced
 // ones, R = the reduced dims (adjacent, flattened), I = the kept dims after them; out: (O, I).
 // Reduced dims that are not adjacent ({0, 2} of rank 3) are first brought together by one
-// permuting copy, as on the CPU.
+// permuting copy, as on the CPU (rows of x's last dim; slow for long strides: about 0.5 TB/s on
+// (1024, 1024, 256) over {0, 2}, against 4.3 TB/s for the adjacent cases below).
 //   I == 1 (rows): a group of tpr threads (a power of two, 1..256, from R) per row, 16-byte
 //     vector loads; long rows with few outputs (sum_all) are split into chunks, one group per
 //     chunk, whose partials a second kernel combines (two pass).

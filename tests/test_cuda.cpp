@@ -154,9 +154,11 @@ Both make_both(const Tensor& storage, const ViewFn& view) {
   Both b{view(s), view(to_gpu(s))};
   EXPECT_EQ(b.gpu.device(), kGpu);
   // Strides of size-1 dims never matter (and a contiguous tensor may carry any there).
-  for (size_t d = 0; d < b.cpu.rank(); ++d)
-    if (b.cpu.dim(d) > 1)
+  for (size_t d = 0; d < b.cpu.rank(); ++d) {
+    if (b.cpu.dim(d) > 1) {
       EXPECT_EQ(b.gpu.strides()[d], b.cpu.strides()[d]) << "the view differs between the devices";
+    }
+  }
   EXPECT_EQ(b.gpu.layout().offset, b.cpu.layout().offset);
   return b;
 }
