@@ -16,6 +16,11 @@ mkdir -p "$OUT"
 D=/opt/taperdeps
 T0=$SECONDS
 log() { echo "== [$((SECONDS - T0)) s] $*" | tee -a "$OUT/summary.txt"; }
+# "N passed, N failed, N skipped" from a gtest log (the FAILED lines themselves are listed apart)
+counts() {
+  echo "$(grep -oE '^\[  PASSED  \] [0-9]+' "$1" | grep -oE '[0-9]+$') passed," \
+    "$(grep -cE '^\[  FAILED  \]' "$1") failed, $(grep -oE '^\[  SKIPPED \] [0-9]+' "$1" | grep -oE '[0-9]+$') skipped"
+}
 
 if [ ! -d "$D" ]; then
   mkdir -p "$D"
@@ -42,14 +47,14 @@ for step in "$@"; do
       log "CUDA suites (and the device-aware CPU ones)"
       ./build/gpu/tests/taper_tests --gtest_filter="${TEST_FILTER:-Cuda*:Devices*:Registry*:NnOptim*:Errors*}" \
         --gtest_brief=1 >"$OUT/test_cuda.log" 2>&1
-      log "rc=$? : $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/test_cuda.log" | head -3 | tr '\n' ' ')"
-      grep -E '^\[  FAILED  \]' "$OUT/test_cuda.log" | head -40
+      log "rc=$? : $(counts "$OUT/test_cuda.log")"
+      grep -E '^\[  FAILED  \]' "$OUT/test_cuda.log" | cut -c1-150 | head -40
       ;;
     all-tests)
       log "whole suite"
       ./build/gpu/tests/taper_tests --gtest_brief=1 >"$OUT/test_all.log" 2>&1
-      log "whole suite rc=$? : $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/test_all.log" | head -3 | tr '\n' ' ')"
-      grep -E '^\[  FAILED  \]' "$OUT/test_all.log" | head -40
+      log "whole suite rc=$? : $(counts "$OUT/test_all.log")"
+      grep -E '^\[  FAILED  \]' "$OUT/test_all.log" | cut -c1-150 | head -40
       ;;
     sanitize)
       for tool in memcheck racecheck; do
@@ -57,7 +62,7 @@ for step in "$@"; do
         timeout "${SANITIZE_SECONDS:-150}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
           ./build/gpu/tests/taper_tests --gtest_filter="${SANITIZE_FILTER:-Cuda*}" --gtest_brief=1 \
           >"$OUT/sanitize_$tool.log" 2>&1
-        log "compute-sanitizer $tool rc=$? : $(grep -E 'ERROR SUMMARY|^\[  (PASSED|FAILED) ' "$OUT/sanitize_$tool.log" | head -3 | tr '\n' ' ')"
+        log "compute-sanitizer $tool rc=$? : $(grep -E 'ERROR SUMMARY' "$OUT/sanitize_$tool.log" | tail -1); $(counts "$OUT/sanitize_$tool.log")"
       done
       ;;
     bench)
