@@ -7,8 +7,10 @@
 // primitives. bf16/f16 inputs are upcast to f32 first, computed in f32 and cast back once (one
 // rounding, as the fused kernels). Also the reference the fused ops are tested and benched
 // against.
-// What it is not: fast (every step is a pass over memory), or a backward formula: autograd
-// differentiates through the primitives.
+// The composed forms of the backward ops (softmax_last_dim_bwd, ..., group_norm_bwd) are the
+// backward formulas from primitive ops: what runs where a device has no kernel for them, and the
+// reference their kernels are tested against.
+// What it is not: fast (every step is a pass over memory).
 //
 // Shape letters: x (..., D) for softmax, rms_norm, layer_norm; (N, C, *) for group_norm with G
 // groups; w, b (D) or (C), or empty for no affine.
@@ -131,6 +133,99 @@ std::vector<Tensor> log_softmax_bwd_fn(const std::vector<Tensor>& in, const OpAt
   return softmax_bwd_from_stats(in, true);
 }
 
+// The norm backward ops from primitive ops, in the stat dtype (f32 for half types and f32, f64
+// for f64), over "rows" (a row of the last dim; group norm: a group of M = C/G * S elements),
+// with d = x - mean (rms norm: d = x), rho = rstd, gw = gy * w:
+//   dx = rho * (gw - m1 - xhat * m2),  xhat = d * rho,  m1 = mean_row(gw) (0 for rms norm),
+//   m2 = mean_row(gw * xhat),  dw = sum over rows of gy * xhat,  db = sum over rows of gy.
+// They are computed from u = gy * rho and q = u * d, which carry every sum:
+//   dw = sum_rows(q),  rho * m1 = (u . w) / M,  rho^2 * m2 = rho * (q . w) / M  (row dots),
+//   dx = u * w + t,  t = -(d * k + c),  k = rho^2 * (q . w) / M,  c = (u . w) / M,
+// t and dx each one mul_add pass. The row dots with w are matrix-vector products (one read of
+// u or q; no u * w product to materialize first); d stays centred, so a large mean does not
+// cancel in dx. in = {x, w or empty, [mean,] rstd, dy}; attrs.ints = {need dw, need db},
+// attrs.dtype = db's dtype. Returns {dx, dw, db} (undefined where not needed).
+Tensor norm_t(const Tensor& d, const Tensor& k, const Tensor& c) {
+  return c.defined() ? d.mul_add(k.neg(), c.neg()) : d * k.neg();
+}
+/// u * wb + t; `wb` is w shaped to broadcast against u (undefined: no weight).
+Tensor norm_dx(const Tensor& u, const Tensor& wb, const Tensor& t) {
+  return wb.defined() ? u.mul_add(wb, t) : u + t;
+}
+bool need(const OpAttrs& a, size_t i) { return a.ints.size() > i && a.ints[i] != 0; }
+
+std::vector<Tensor> rms_norm_bwd_fn(const std::vector<Tensor>& in, const OpAttrs& a) {
+  const Tensor &x = in[0], &w = in[1];
+  const DType sd = stat_dtype(x.dtype());
+  const size_t dim = x.dim(-1), rows = x.elem_count() / dim;
+  const Shape rd({rows, dim});
+  const Tensor d = x.to_dtype(sd).reshape(rd);
+  const Tensor rho = in[2].reshape(Shape({rows, 1}));
+  const Tensor u = in[3].to_dtype(sd).reshape(rd) * rho;
+  const Tensor q = u * d;
+  const Tensor ws = present(w) ? w.to_dtype(sd).reshape(Shape({dim, 1})) : Tensor();
+  const Tensor qw = present(w) ? q.matmul(ws) : q.sum({1}, true);  // (rows, 1)
+  const Tensor k = rho * rho * qw * (1.0 / static_cast<double>(dim));
+  const Tensor wb = present(w) ? ws.reshape(Shape({dim})) : Tensor();
+  const Tensor dx = norm_dx(u, wb, norm_t(d, k, Tensor()));
+  std::vector<Tensor> r = {dx.reshape(x.shape()).to_dtype(x.dtype()), Tensor()};
+  if (present(w) && need(a, 0)) r[1] = q.sum({0}).to_dtype(w.dtype());
+  return r;
+}
+
+std::vector<Tensor> layer_norm_bwd_fn(const std::vector<Tensor>& in, const OpAttrs& a) {
+  const Tensor &x = in[0], &w = in[1];
+  const DType sd = stat_dtype(x.dtype());
+  const size_t dim = x.dim(-1), rows = x.elem_count() / dim;
+  const Shape rd({rows, dim}), col({rows, 1});
+  const Tensor gy = in[4].to_dtype(sd).reshape(rd);
+  const Tensor d = x.to_dtype(sd).reshape(rd) - in[2].reshape(col);
+  const Tensor rho = in[3].reshape(col);
+  const Tensor u = gy * rho;
+  const Tensor q = u * d;
+  const Tensor ws = present(w) ? w.to_dtype(sd).reshape(Shape({dim, 1})) : Tensor();
+  const double inv = 1.0 / static_cast<double>(dim);
+  const Tensor qw = present(w) ? q.matmul(ws) : q.sum({1}, true);
+  const Tensor uw_sum = present(w) ? u.matmul(ws) : u.sum({1}, true);
+  const Tensor wb = present(w) ? ws.reshape(Shape({dim})) : Tensor();
+  const Tensor dx = norm_dx(u, wb, norm_t(d, rho * rho * qw * inv, uw_sum * inv));
+  std::vector<Tensor> r = {dx.reshape(x.shape()).to_dtype(x.dtype()), Tensor(), Tensor()};
+  if (present(w) && need(a, 0)) r[1] = q.sum({0}).to_dtype(w.dtype());
+  if (need(a, 1)) r[2] = gy.sum({0}).to_dtype(a.dtype);
+  return r;
+}
+
+std::vector<Tensor> group_norm_bwd_fn(const std::vector<Tensor>& in, const OpAttrs& a) {
+  // x: (N, C, *) viewed as (N, G, M) per group and (N, C, S) per channel, M = C/G * S;
+  // mean, rstd: (N, G). The sums over S are row reductions (no permuted copy); the group dots
+  // with w come from them: sum_c w_c * (sum_s u, resp. q).
+  const Tensor &x = in[0], &w = in[1];
+  const DType sd = stat_dtype(x.dtype());
+  const size_t n = x.dim(0), c = x.dim(1), groups = static_cast<size_t>(a.i0);
+  const size_t spatial = x.elem_count() / (n * c), m = x.elem_count() / (n * groups);
+  const Shape grouped({n, groups, m}), chan({n, c, spatial});
+  const Tensor gy = in[4].to_dtype(sd).reshape(grouped);
+  const Tensor rho = in[3].unsqueeze(-1);  // (N, G, 1)
+  const Tensor d = x.to_dtype(sd).reshape(grouped) - in[2].unsqueeze(-1);
+  const Tensor u = gy * rho;
+  const Tensor q = u * d;
+  const Tensor ws = present(w) ? w.to_dtype(sd) : Tensor();
+  const Tensor u_c = u.reshape(chan).sum({2});  // (N, C)
+  const Tensor q_c = q.reshape(chan).sum({2});  // (N, C)
+  auto group_dot = [&](const Tensor& per_chan) {  // (N, C) -> (N, G, 1): sum_c w_c * per_chan
+    const Tensor t = present(w) ? per_chan * ws : per_chan;
+    return t.reshape(Shape({n, groups, c / groups})).sum({2}, true);
+  };
+  const double inv = 1.0 / static_cast<double>(m);
+  const Tensor k = rho * rho * group_dot(q_c) * inv, cm = group_dot(u_c) * inv;  // (N, G, 1)
+  const Tensor wb = present(w) ? ws.reshape(Shape({1, c, 1})) : Tensor();
+  const Tensor dx = norm_dx(u.reshape(chan), wb, norm_t(d, k, cm).reshape(chan));
+  std::vector<Tensor> r = {dx.reshape(x.shape()).to_dtype(x.dtype()), Tensor(), Tensor()};
+  if (present(w) && need(a, 0)) r[1] = q_c.sum({0}).to_dtype(w.dtype());
+  if (need(a, 1)) r[2] = gy.reshape(chan).sum({2}).sum({0}).to_dtype(a.dtype);
+  return r;
+}
+
 /// The AdamW update from primitive ops, in = {w, g, m, v}, attrs.reals = {decay, b1, b2, eps,
 /// step_size, bc2_sqrt}: the same operations in the same order as cpu/optim.cpp's kernel.
 std::vector<Tensor> adamw_step_fn(const std::vector<Tensor>& in, const OpAttrs& a) {
@@ -152,6 +247,9 @@ struct Registrar {
     register_composed(OpId::rms_norm, &rms_norm_fn);
     register_composed(OpId::layer_norm, &layer_norm_fn);
     register_composed(OpId::group_norm, &group_norm_fn);
+    register_composed(OpId::rms_norm_bwd, &rms_norm_bwd_fn);
+    register_composed(OpId::layer_norm_bwd, &layer_norm_bwd_fn);
+    register_composed(OpId::group_norm_bwd, &group_norm_bwd_fn);
   }
 };
 const Registrar registrar;

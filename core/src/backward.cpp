@@ -188,99 +188,28 @@ BWD(log_softmax_last_dim) {
 }
 
 
-// The norm backwards, in the stat dtype, over "rows" (a row of the last dim; group norm: a group
-// of M = C/G * S elements), with d = x - mean (rms norm: d = x), rho = rstd, gw = gy * w:
-//   dx = rho * (gw - m1 - xhat * m2),  xhat = d * rho,  m1 = mean_row(gw) (0 for rms norm),
-//   m2 = mean_row(gw * xhat),  dw = sum over rows of gy * xhat,  db = sum over rows of gy.
-// They are computed from u = gy * rho and q = u * d, which carry every sum:
-//   dw = sum_rows(q),  rho * m1 = (u . w) / M,  rho^2 * m2 = rho * (q . w) / M  (row dots),
-//   dx = u * w + t,  t = -(d * k + c),  k = rho^2 * (q . w) / M,  c = (u . w) / M,
-// t and dx each one mul_add pass. The row dots with w are matrix-vector products (one read of
-// u or q; no u * w product to materialize first); d stays centred, so a large mean does not
-// cancel in dx.
-Tensor norm_t(const Tensor& d, const Tensor& k, const Tensor& c) {
-  return c.defined() ? d.mul_add(k.neg(), c.neg()) : d * k.neg();
+// The norm rules call the dedicated backward ops (kernels where a device has them, else the
+// composed formulas of metal_fallback/composed.cpp): in = {x, w or empty, [mean,] rstd, dy},
+// out = {dx, dw, db}. attrs.ints = {need dw, need db}: a frozen weight or bias skips its
+// reduction; attrs.dtype is the bias's dtype (db is rounded once to it).
+OpAttrs norm_bwd_attrs(const OpAttrs& a, const Tensor& w, const Tensor& b, const Tensor& x) {
+  OpAttrs r = a;
+  r.ints = {has(w) && w.tracks_grad() ? 1 : 0, has(b) && b.tracks_grad() ? 1 : 0};
+  r.dtype = has(b) ? b.dtype() : x.dtype();
+  return r;
 }
-/// u * wb + t; `wb` is w shaped to broadcast against u (undefined: no weight).
-Tensor norm_dx(const Tensor& u, const Tensor& wb, const Tensor& t) {
-  return wb.defined() ? u.mul_add(wb, t) : u + t;
-}
-
 BWD(rms_norm) {
-  const Tensor& x = in[0];
-  const Tensor& w = in[1];
-  const DType sd = stat_dtype(x.dtype());
-  const size_t dim = x.dim(-1), rows = x.elem_count() / dim;
-  const Shape rd({rows, dim});
-  const Tensor d = x.to_dtype(sd).reshape(rd);
-  const Tensor rho = out[1].reshape(Shape({rows, 1}));
-  const Tensor u = g[0].to_dtype(sd).reshape(rd) * rho;
-  const Tensor q = u * d;
-  const Tensor ws = has(w) ? w.to_dtype(sd).reshape(Shape({dim, 1})) : Tensor();
-  const Tensor qw = has(w) ? q.matmul(ws) : q.sum({1}, true);  // (rows, 1)
-  const Tensor k = rho * rho * qw * (1.0 / static_cast<double>(dim));
-  const Tensor wb = has(w) ? ws.reshape(Shape({dim})) : Tensor();
-  const Tensor dx = norm_dx(u, wb, norm_t(d, k, Tensor()));
-  Tensors r = {dx.reshape(x.shape()).to_dtype(x.dtype()), Tensor()};
-  if (has(w)) r[1] = q.sum({0}).to_dtype(w.dtype());
-  return r;
+  const Tensors r = dispatch(OpId::rms_norm_bwd, {in[0], in[1], out[1], g[0]},
+                             norm_bwd_attrs(a, in[1], Tensor(), in[0]));
+  return {r[0], r[1]};
 }
-
 BWD(layer_norm) {
-  const Tensor& x = in[0];
-  const Tensor& w = in[1];
-  const Tensor& b = in[2];
-  const DType sd = stat_dtype(x.dtype());
-  const size_t dim = x.dim(-1), rows = x.elem_count() / dim;
-  const Shape rd({rows, dim}), col({rows, 1});
-  const Tensor gy = g[0].to_dtype(sd).reshape(rd);
-  const Tensor d = x.to_dtype(sd).reshape(rd) - out[1].reshape(col);
-  const Tensor rho = out[2].reshape(col);
-  const Tensor u = gy * rho;
-  const Tensor q = u * d;
-  const Tensor ws = has(w) ? w.to_dtype(sd).reshape(Shape({dim, 1})) : Tensor();
-  const double inv = 1.0 / static_cast<double>(dim);
-  const Tensor qw = has(w) ? q.matmul(ws) : q.sum({1}, true);
-  const Tensor uw_sum = has(w) ? u.matmul(ws) : u.sum({1}, true);
-  const Tensor wb = has(w) ? ws.reshape(Shape({dim})) : Tensor();
-  const Tensor dx = norm_dx(u, wb, norm_t(d, rho * rho * qw * inv, uw_sum * inv));
-  Tensors r = {dx.reshape(x.shape()).to_dtype(x.dtype()), Tensor(), Tensor()};
-  if (has(w)) r[1] = q.sum({0}).to_dtype(w.dtype());
-  if (has(b)) r[2] = gy.sum({0}).to_dtype(b.dtype());
-  return r;
+  return dispatch(OpId::layer_norm_bwd, {in[0], in[1], out[1], out[2], g[0]},
+                  norm_bwd_attrs(a, in[1], in[2], in[0]));
 }
-
 BWD(group_norm) {
-  // x: (N, C, *) viewed as (N, G, M) per group and (N, C, S) per channel, M = C/G * S;
-  // mean, rstd: (N, G). The sums over S are row reductions (no permuted copy); the group dots
-  // with w come from them: sum_c w_c * (sum_s u, resp. q).
-  const Tensor& x = in[0];
-  const Tensor& w = in[1];
-  const Tensor& b = in[2];
-  const DType sd = stat_dtype(x.dtype());
-  const size_t n = x.dim(0), c = x.dim(1), groups = static_cast<size_t>(a.i0);
-  const size_t spatial = x.elem_count() / (n * c), m = x.elem_count() / (n * groups);
-  const Shape grouped({n, groups, m}), chan({n, c, spatial});
-  const Tensor gy = g[0].to_dtype(sd).reshape(grouped);
-  const Tensor rho = out[2].unsqueeze(-1);  // (N, G, 1)
-  const Tensor d = x.to_dtype(sd).reshape(grouped) - out[1].unsqueeze(-1);
-  const Tensor u = gy * rho;
-  const Tensor q = u * d;
-  const Tensor ws = has(w) ? w.to_dtype(sd) : Tensor();
-  const Tensor u_c = u.reshape(chan).sum({2});  // (N, C)
-  const Tensor q_c = q.reshape(chan).sum({2});  // (N, C)
-  auto group_dot = [&](const Tensor& per_chan) {  // (N, C) -> (N, G, 1): sum_c w_c * per_chan
-    const Tensor t = has(w) ? per_chan * ws : per_chan;
-    return t.reshape(Shape({n, groups, c / groups})).sum({2}, true);
-  };
-  const double inv = 1.0 / static_cast<double>(m);
-  const Tensor k = rho * rho * group_dot(q_c) * inv, cm = group_dot(u_c) * inv;  // (N, G, 1)
-  const Tensor wb = has(w) ? ws.reshape(Shape({1, c, 1})) : Tensor();
-  const Tensor dx = norm_dx(u.reshape(chan), wb, norm_t(d, k, cm).reshape(chan));
-  Tensors r = {dx.reshape(x.shape()).to_dtype(x.dtype()), Tensor(), Tensor()};
-  if (has(w)) r[1] = q_c.sum({0}).to_dtype(w.dtype());
-  if (has(b)) r[2] = gy.reshape(chan).sum({2}).sum({0}).to_dtype(b.dtype());
-  return r;
+  return dispatch(OpId::group_norm_bwd, {in[0], in[1], out[1], out[2], g[0]},
+                  norm_bwd_attrs(a, in[1], in[2], in[0]));
 }
 
 #undef BWD
@@ -290,7 +219,9 @@ constexpr BwdFn bwd_fill = nullptr, bwd_arange = nullptr, bwd_rand_uniform = nul
                 bwd_rand_normal = nullptr, bwd_eq = nullptr, bwd_ne = nullptr, bwd_lt = nullptr,
                 bwd_le = nullptr, bwd_gt = nullptr, bwd_ge = nullptr, bwd_argmax = nullptr,
                 bwd_argmin = nullptr, bwd_softmax_last_dim_bwd = nullptr,
-                bwd_log_softmax_last_dim_bwd = nullptr, bwd_adamw_step = nullptr;
+                bwd_log_softmax_last_dim_bwd = nullptr, bwd_adamw_step = nullptr,
+                bwd_rms_norm_bwd = nullptr, bwd_layer_norm_bwd = nullptr,
+                bwd_group_norm_bwd = nullptr;
 
 }  // namespace
 

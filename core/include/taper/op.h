@@ -89,6 +89,9 @@ namespace taper {
   X(rms_norm, 2, 1, true)                     \
   X(layer_norm, 3, 1, true)                   \
   X(group_norm, 3, 1, true)                   \
+  X(rms_norm_bwd, 4, 2, false)                \
+  X(layer_norm_bwd, 5, 3, false)              \
+  X(group_norm_bwd, 5, 3, false)              \
   /* optim (updates of the optimizers; outputs are the new tensors) */ \
   X(adamw_step, 4, 3, false)
 
