@@ -10,12 +10,15 @@
 #include <cblas.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <string>
+#include <system_error>
 #include <thread>
 
 #include "cpu/cpu_common.h"
@@ -43,10 +46,17 @@ template <class F> bool spin_until(const F& done) {
   }
 }
 
+/// More threads than this is a mistake, not a setting (and would exhaust the process's threads).
+constexpr size_t kMaxThreads = 4096;
+
 size_t default_threads() {
-  if (const char* e = std::getenv("TAPER_NUM_THREADS")) {
-    const long v = std::strtol(e, nullptr, 10);
-    if (v > 0) return static_cast<size_t>(v);
+  if (const char* e = std::getenv("TAPER_NUM_THREADS"); e && *e) {
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long v = std::strtoull(e, &end, 10);
+    TAPER_CHECK(errno == 0 && *end == '\0' && e[0] != '-' && v >= 1 && v <= kMaxThreads,
+                "TAPER_NUM_THREADS: '", e, "' is not a thread count (1 to ", kMaxThreads, ")");
+    return static_cast<size_t>(v);
   }
   const unsigned hc = std::thread::hardware_concurrency();
   return hc ? hc : 1;
@@ -61,8 +71,20 @@ class Pool {
 
   void resize(size_t n) {
     std::lock_guard<std::mutex> job(job_mu_);
+    const size_t old = nthreads_;
     stop_workers();
-    nthreads_ = n < 1 ? 1 : n;
+    try {
+      start_workers(n < 1 ? 1 : n);
+    } catch (const std::system_error& e) {  // the system refused a thread: keep the old count
+      stop_workers();
+      start_workers(old);
+      throw Error(std::string("set_num_threads: cannot start ") + std::to_string(n) +
+                  " threads (" + e.what() + "); still " + std::to_string(old));
+    }
+  }
+
+  void start_workers(size_t n) {
+    nthreads_ = n;
     openblas_set_num_threads(static_cast<int>(nthreads_));
     stop_ = false;
     for (size_t i = 1; i < nthreads_; ++i) workers_.emplace_back([this] { worker_loop(); });
@@ -207,7 +229,8 @@ void set_num_threads(size_t n) { pool().resize(n); }
 namespace taper {
 size_t num_threads() { return cpu::num_threads(); }
 void set_num_threads(size_t n) {
-  TAPER_CHECK(n >= 1, "set_num_threads: need at least 1 thread, got ", n);
+  TAPER_CHECK(n >= 1 && n <= cpu::kMaxThreads, "set_num_threads: need 1 to ", cpu::kMaxThreads,
+              " threads, got ", n);
   cpu::set_num_threads(n);
 }
 }  // namespace taper

@@ -2,6 +2,8 @@
 // (fan-in, detach, no-grad, a 100 000-op chain, graph release), storage, and printing.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <sstream>
 
 #include "tests/test_util.h"
@@ -97,6 +99,43 @@ TEST(Errors, MismatchesGiveTaperErrorsNamingOpShapesAndDTypes) {
   EXPECT_NE(e.find("cuda"), std::string::npos) << e;
 }
 
+// ---- sizes that overflow (issue 15, item 1 and 4) ------------------------------------------------
+
+TEST(Sizes, ElementCountsThatWrapAreErrorsNamingTheOp) {
+  const size_t big = size_t{1} << 40;
+  std::string e = error_of([&] { Tensor::zeros({big, big}, DType::F32); });
+  EXPECT_NE(e.find("(1099511627776, 1099511627776) has more than 2^60 elements"), std::string::npos)
+      << e;
+  EXPECT_NE(e.find("empty"), std::string::npos) << e;
+  const Tensor x = Tensor::ones({4, 3}, DType::F32);
+  e = error_of([&] { x.narrow(0, 1, SIZE_MAX); });
+  EXPECT_NE(e.find("narrow: start 1 and length 18446744073709551615 are out of range for dim 0"),
+            std::string::npos)
+      << e;
+  e = error_of([&] { Tensor::ones({1}, DType::F32).broadcast_as({size_t{1} << 32, size_t{1} << 32}); });
+  EXPECT_NE(e.find("broadcast_as"), std::string::npos) << e;
+  EXPECT_NE(e.find("2^60"), std::string::npos) << e;
+  // 2 * (2^63 + 2) wraps to 4, the count of the source.
+  e = error_of([&] { Tensor::ones({4}, DType::F32).reshape({2, (size_t{1} << 63) + 2}); });
+  EXPECT_NE(e.find("reshape"), std::string::npos) << e;
+  EXPECT_NE(e.find("2^60"), std::string::npos) << e;
+  e = error_of([&] { Tensor::from_vector(std::vector<float>{1, 2, 3, 4}, {2, (size_t{1} << 63) + 2}); });
+  EXPECT_NE(e.find("from_vector"), std::string::npos) << e;
+  // A zero dim makes the count 0 however large the others are.
+  EXPECT_EQ(Tensor::zeros({big, big, 0}, DType::F32).elem_count(), 0u);
+}
+
+TEST(Sizes, HugeAllocationsAreOutOfMemoryErrorsNotHangs) {
+  // (Sizes the host could try to map are left out: ASan aborts on those instead of failing.)
+  for (const auto& [n, dt] : {std::pair{(size_t{1} << 61) + 1, DType::F32},
+                              std::pair{size_t{1} << 60, DType::F64},
+                              std::pair{(size_t{1} << 60) - 1, DType::F64}}) {
+    const std::string e = error_of([&] { Tensor::empty({n}, dt, Device::cpu()); });
+    EXPECT_TRUE(e.find("out of memory") != std::string::npos || e.find("2^60") != std::string::npos)
+        << n << ": " << e;
+  }
+}
+
 // ---- threads ------------------------------------------------------------------------------------
 
 TEST(Threads, PublicSetterChangesTheCountAndRejectsZero) {
@@ -112,6 +151,36 @@ TEST(Threads, PublicSetterChangesTheCountAndRejectsZero) {
   const std::string e = error_of([] { set_num_threads(0); });
   EXPECT_NE(e.find("set_num_threads"), std::string::npos) << e;
   EXPECT_EQ(num_threads(), 1u);
+  const std::string e2 = error_of([] { set_num_threads(SIZE_MAX); });
+  EXPECT_NE(e2.find("set_num_threads: need 1 to 4096 threads, got 18446744073709551615"),
+            std::string::npos)
+      << e2;
+  EXPECT_EQ(num_threads(), 1u);  // unchanged
+}
+
+// TAPER_NUM_THREADS is read when the pool starts, once per process, so each bad value runs in a
+// child process (tests/threads_child.cpp) that prints the Error the pool's first use raises.
+TEST(Threads, BadEnvironmentValueIsAnErrorNamingTheVariable) {
+  for (const char* bad : {"100000000000000000000", "-3", "0", "4x", "5000"}) {
+    const std::string cmd =
+        std::string("TAPER_NUM_THREADS=") + bad + " '" + TAPER_THREADS_CHILD + "' 2>&1";
+    std::FILE* p = popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    std::string out;
+    char buf[512];
+    while (std::fgets(buf, sizeof buf, p)) out += buf;
+    EXPECT_EQ(pclose(p), 0) << bad << ": " << out;
+    EXPECT_NE(out.find(std::string("TAPER_NUM_THREADS: '") + bad + "' is not a thread count"),
+              std::string::npos)
+        << out;
+  }
+  const std::string cmd = std::string("TAPER_NUM_THREADS=3 '") + TAPER_THREADS_CHILD + "' 2>&1";
+  std::FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char buf[512] = {};
+  ASSERT_NE(std::fgets(buf, sizeof buf, p), nullptr);
+  EXPECT_NE(pclose(p), 0) << "a good value raises no error: the child exits 1";
+  EXPECT_EQ(std::string(buf), "threads: 3\n");
 }
 
 // ---- registry -----------------------------------------------------------------------------------

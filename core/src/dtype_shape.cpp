@@ -19,9 +19,17 @@ void assert_fail(const char* expr, const char* file, int line) {
 }
 }  // namespace detail
 
+// At most 2^60 elements: every byte count (8 bytes an element at most) and every int64 stride
+// or offset computed from a valid shape then fits without wrapping.
+constexpr size_t kMaxElems = size_t{1} << 60;
+
 size_t Shape::elem_count() const {
+  for (size_t d : dims_)
+    if (d == 0) return 0;
   size_t n = 1;
-  for (size_t d : dims_) n *= d;
+  for (size_t d : dims_)
+    TAPER_CHECK(!__builtin_mul_overflow(n, d, &n) && n <= kMaxElems, "shape ", to_string(),
+                " has more than 2^60 elements");
   return n;
 }
 

@@ -26,6 +26,15 @@ uint64_t next_tensor_id() {
 
 namespace {
 
+/// shape.elem_count(), its overflow Error (more than 2^60 elements) naming `op`.
+size_t counted(const Shape& shape, const char* op) {
+  try {
+    return shape.elem_count();
+  } catch (const Error& e) {
+    throw Error(std::string(op) + ": " + e.what());
+  }
+}
+
 Tensor make_tensor(std::shared_ptr<Storage> st, Layout layout, DType dt) {
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::move(st);
@@ -45,7 +54,7 @@ Tensor view_of(const Tensor& src, Layout layout, OpId op, const OpAttrs& attrs) 
 // ---- creation -----------------------------------------------------------------------------------
 
 Tensor Tensor::empty(const Shape& shape, DType dt, Device dev) {
-  auto st = std::make_shared<Storage>(dev, shape.elem_count() * dtype_size(dt));
+  auto st = std::make_shared<Storage>(dev, counted(shape, "empty") * dtype_size(dt));
   return make_tensor(std::move(st), Layout(shape), dt);
 }
 
@@ -101,7 +110,7 @@ Tensor Tensor::randn(const Shape& shape, DType dt, Device dev, uint64_t seed, do
 
 Tensor Tensor::from_host(const void* data, size_t count, DType dt, const Shape& shape,
                          Device dev) {
-  TAPER_CHECK(count == shape.elem_count(), "from_vector: ", count,
+  TAPER_CHECK(count == counted(shape, "from_vector"), "from_vector: ", count,
               " values do not fill shape ", shape.to_string(), " (", shape.elem_count(),
               " elements)");
   Tensor t = empty(shape, dt, Device::cpu());
@@ -181,7 +190,7 @@ Tensor Tensor::detach() const {
 // ---- views --------------------------------------------------------------------------------------
 
 Tensor Tensor::reshape(const Shape& ns) const {
-  TAPER_CHECK(ns.elem_count() == elem_count(), "reshape: cannot reshape ", shape().to_string(),
+  TAPER_CHECK(counted(ns, "reshape") == elem_count(), "reshape: cannot reshape ", shape().to_string(),
               " (", elem_count(), " elements) to ", ns.to_string(), " (", ns.elem_count(),
               " elements)");
   if (ns == shape()) return *this;
@@ -231,8 +240,8 @@ Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
 
 Tensor Tensor::narrow(int64_t dim, size_t start, size_t len) const {
   const size_t d = normalize_dim(dim, rank(), "narrow");
-  TAPER_CHECK(start + len <= shape()[d] && start <= shape()[d], "narrow: [", start, ", ",
-              start + len, ") is out of range for dim ", d, " of ", shape().to_string());
+  TAPER_CHECK(start <= shape()[d] && len <= shape()[d] - start, "narrow: start ", start,
+              " and length ", len, " are out of range for dim ", d, " of ", shape().to_string());
   std::vector<size_t> dims = shape().dims();
   dims[d] = len;
   Layout l(Shape(dims), strides(), layout().offset + (len ? start * strides()[d] : 0));
@@ -254,6 +263,7 @@ Tensor Tensor::broadcast_as(const Shape& target) const {
     st[j] = shape()[i] == target[j] ? strides()[i] : 0;
   }
   if (target == shape()) return *this;
+  counted(target, "broadcast_as");
   OpAttrs a;
   a.shape = target.dims();
   return view_of(*this, Layout(target, st, layout().offset), OpId::broadcast_as, a);
