@@ -48,8 +48,7 @@ BertModel* pretrained(DType dt) {
   static std::shared_ptr<BertModel> f32, bf16;
   std::shared_ptr<BertModel>& m = dt == DType::F32 ? f32 : bf16;
   if (!m && fs::exists(model_dir() / "model.safetensors")) {
-    m = BertModel::from_pretrained(model_dir(), dt);
-    m->eval();
+    m = BertModel::from_pretrained(model_dir(), dt);  // in eval mode (tested below)
   }
   return m.get();
 }
@@ -152,6 +151,19 @@ TEST(BertParity, ReferenceFileIsComplete) {
   EXPECT_EQ(r.hidden_rows, 4u);
   EXPECT_EQ(r.hidden_embeddings.size(), 4u * 384u);
   EXPECT_EQ(r.hidden_last.size(), 4u * 384u);
+}
+
+// from_pretrained returns the model in eval mode, as HuggingFace's does: dropout off, so a
+// freshly loaded model embeds the same sentence the same way twice (the parity tests below rely
+// on it too: they never call eval()).
+TEST(BertParity, FromPretrainedIsInEvalMode) {
+  REQUIRE_MODEL(DType::F32);
+  EXPECT_FALSE(model->is_training());
+  NoGradGuard ng;
+  const RefSentence& s = reference().sentences.at(0);
+  const Tensor mask = Tensor::ones(ids_tensor(s.ids).shape(), DType::U8);
+  EXPECT_EQ(as_doubles(model->encode(ids_tensor(s.ids), mask)),
+            as_doubles(model->encode(ids_tensor(s.ids), mask)));
 }
 
 TEST(BertParity, SentenceEmbeddingsOneByOneF32) {

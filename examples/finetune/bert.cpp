@@ -164,6 +164,7 @@ std::shared_ptr<BertModel> BertModel::from_pretrained(const fs::path& dir, DType
   TAPER_CHECK(fs::exists(weights), missing_model_hint(weights));
   auto model = std::make_shared<BertModel>(BertConfig::from_json_file(dir / "config.json"), dtype);
   model->load_pretrained(weights);
+  model->eval();  // as HuggingFace's from_pretrained: dropout off until the caller says train()
   return model;
 }
 

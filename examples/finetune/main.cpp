@@ -78,7 +78,7 @@ const char* kUsage = R"(usage: finetune [flags]
 Fine-tunes all-MiniLM-L6-v2 to tell which of Jane Austen's six novels a passage comes from:
 first a baseline (frozen encoder + trained linear head), then the whole model.
 
-  --device cpu|cuda     where to run (default cpu)
+  --device cpu|cuda|auto  where to run (default cpu; auto: the GPU when one is present)
   --dtype f32|bf16      model dtype (default f32; the head stays f32)
   --steps N             fine-tuning steps (default 200)
   --batch N             passages per step (default 16)
@@ -178,7 +178,8 @@ Flags parse_flags(int argc, char** argv) {
     else usage_error("unknown flag '" + arg + "'");
     if (has_value && arg == "--bench-forward") usage_error("--bench-forward takes no value");
   }
-  if (f.device != "cpu" && f.device != "cuda") usage_error("--device must be cpu or cuda, got '" + f.device + "'");
+  if (f.device != "cpu" && f.device != "cuda" && f.device != "auto")
+    usage_error("--device must be cpu, cuda or auto, got '" + f.device + "'");
   if (f.dtype != "f32" && f.dtype != "bf16") usage_error("--dtype must be f32 or bf16, got '" + f.dtype + "'");
   if (f.batch == 0) usage_error("--batch must be > 0");
   if (f.seq_len < 3 || f.seq_len > 512) usage_error("--seq-len must be in [3, 512]");
@@ -206,6 +207,7 @@ fs::path repo_root() {
 
 Device pick_device(const std::string& name) {
   if (name == "cpu") return Device::cpu();
+  if (name == "auto") return device_available(DeviceKind::Cuda) ? Device::cuda(0) : Device::cpu();
   try {
     device_backend(DeviceKind::Cuda);
   } catch (const Error&) {
