@@ -1,0 +1,1455 @@
+// norm.cu: CUDA kernels of the norm family: rms_norm, layer_norm and group_norm forward (y and
+// the statistics the backward reads) and the backward ops rms_norm_bwd, layer_norm_bwd and
+// group_norm_bwd, for bf16, f16, f32 and f64. The forward mirrors cpu/norm.cpp; the backward
+// implements the contract of metal_fallback/composed.cpp (rms/layer/group_norm_bwd_fn).
+//
+// What it is: one "row" abstraction, as on the CPU: a contiguous run of L elements with its own
+// statistics (rms/layer: a row of the last dim, L = D; group norm: the C/G channels x S positions
+// of one (n, group), contiguous in (N, C, S), L = C/G * S). Two plans:
+//   rows: a group of tpr threads (a power of two; 256 / tpr groups per block when tpr < 256)
+//     holds a row in registers; forward (rms/layer/group) 16 values per thread (8 for f64), so
+//     L <= 16384 (8192 f64); rms/layer backward 8 values of x and of dy (4 for f64), D <= 4096
+//     (2048 f64), its dw/db column sums in shared memory. Each element is read once, written once.
+//   chunks: longer rows, fewer than 128 row blocks of rows >= 4096, and every group norm
+//     backward. A block's registers take one chunk (forward 4096 elements, 2048 f64; rms/layer
+//     backward 2048, 1024 f64); a later kernel merges the per-chunk partials in a fixed order:
+//     inline (each block folds its row's <= 256 partials itself), else one block per row.
+//   16-byte vector loads and stores wherever the pointers are 16-byte aligned and the row (or
+//   channel run) length is a multiple of 16 / sizeof(T), checked at run time; scalar otherwise.
+// What it is not: the composed forms (metal_fallback/composed.cpp), the rules that call the _bwd
+// ops (core/src/backward.cpp), the front-end's argument checks, the reference (cpu/fused_ref.h).
+//
+// Shapes: rms/layer: x, y, dy, dx (R, D), w, b, dw, db (D) or empty, mean/rstd (R) (x's shape
+// minus its last dim). group: x, y, dy, dx (N, C, S), w, b, dw, db (C) or empty, mean/rstd
+// (N, G). Kernels and the bytes they move (n elements of s bytes; w, b, statistics and
+// partials are small and go through L1/L2):
+//   fwd_rows_kernel         x -> y, mean, rstd                               2 n s
+//   fwd_chunk_stats_kernel  x -> (mean, M2) per (row, chunk)                 n s
+//   fwd_merge_kernel        partials -> mean, rstd (rows of > 256 chunks)    -
+//   fwd_chunk_write_kernel  x, stats -> y (x again: from L2 when it fits)    2 n s
+//   bwd_rows_kernel         x, dy -> dx, dw/db partials (P, D), P <= 512      3 n s
+//   bwd_chunk_sums_kernel   x, dy -> row-chunk sums, dw/db partials          2 n s
+//   sums_merge_kernel       row sums of rows of > 256 partials               -
+//   bwd_chunk_dx_kernel     x, dy, sums -> dx                                3 n s
+//   gn_bwd_sums_kernel      x, dy -> sums of u, q, dy per (n, c, piece)      2 n s
+//   gn_bwd_dx_kernel        x, dy, sums -> dx                                3 n s
+//   col_reduce_kernel       partials -> dw, db           P D (or N C pieces) values, f32/f64
+// The rows backward's partials cost P / R of a tensor per output (dw, db) in f32, written and
+// read once.
+//
+// Precision: bf16/f16 load to f32 and round once at the store (round_to); statistics and every
+// sum are f32 for bf16, f16 and f32 and f64 for f64 (the f64 kernels compute in f64 only).
+// Mean and variance are two-pass over the row in registers, or two-pass per chunk and merged
+// with Chan's formula (cpu/norm.cpp's MeanM2); never E[x^2] - E[x]^2. rstd = 1 / sqrt(var +
+// eps) (correctly rounded sqrt and divide). y = (x - mean) * rstd * w + b with cpu/norm.cpp's
+// operations (one fma for w and b; group norm fma(x - mean, rstd * w[c], b[c])).
+// Backward, per row of M elements, d = x - mean (rms: x), rho = rstd: u = dy rho, q = u d,
+// c = sum(u w) / M (rms: 0), k = rho^2 sum(q w) / M, dx = fma(u, w, fma(d, -k, -c)) (the
+// composed form's two mul_adds; rms: fma(u, w, d * -k)), dw = sum over rows of q, db = sum over
+// rows of dy (group norm: per channel over n and S; its row dots are sum_c w_c sum_s u and
+// sum_c w_c sum_s q, as the composed form).
+// Determinism: the plans depend on the shape and dtype only (never on the device); every sum has
+// a fixed tree (warp butterflies, shared-memory folds in warp order, partials folded in index
+// order by a later kernel); no floating-point atomics: the same bits on every run.
+// Empty inputs: nothing is launched; rows of length 0 get NaN statistics (all-ones bits, as
+// 0 / 0 on the CPU); dw/db over zero rows are zeros.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "cuda/cuda_common.cuh"
+#include "taper/dtype.h"
+#include "taper/error.h"
+#include "taper/op.h"
+
+namespace taper::cuda {
+namespace {
+
+enum class Kind : int { kRms, kLayer, kGroup };
+
+constexpr int kBlock = 256;          ///< threads of the chunk kernels (and the rows' minimum)
+constexpr int kMaxRowThreads = 1024; ///< forward rows: threads per row at most
+constexpr int kBwdMaxThreads = 512;  ///< backward rows: threads per row at most
+constexpr int64_t kTargetBlocks = 1024;  ///< about one wave of a 132-SM H200; a constant, so
+                                         ///< that plans (and the bits) do not depend on the device
+constexpr int64_t kBwdMaxBlocks = 512;   ///< backward rows: blocks, hence column-partial rows
+constexpr int64_t kMinRowBlocks = 128;   ///< fewer row blocks than this, on long rows: chunks
+constexpr int64_t kSplitMinLen = 4096;   ///< ... where "long" starts
+constexpr int64_t kInlineMerge = 256;    ///< more partials per row than this: a merge kernel
+constexpr int kColX = 32, kColY = 16;    ///< col_reduce: columns x fold lanes
+
+template <class T> inline constexpr int kV = 16 / static_cast<int>(sizeof(T));  ///< per vector
+/// Vectors per thread: forward rows and every chunk kernel (16 values; 8 for f64) ...
+template <class T> inline constexpr int kFwdVecs = is_half_v<T> ? 2 : 4;
+/// ... and the rms/layer backward, which also keeps dy and two column sums (8 values; 4 f64).
+template <class T> inline constexpr int kBwdVecs = is_half_v<T> ? 1 : 2;
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+__device__ __forceinline__ int64_t dmin(int64_t a, int64_t b) { return a < b ? a : b; }
+
+// ---- loads, stores, sums -------------------------------------------------------------------
+
+/// v = p[i, i + V) in the compute type; elements at or past n are 0. One 16-byte load when
+/// `vec` (p + i is then 16-byte aligned) and the vector is whole.
+template <class T>
+__device__ __forceinline__ void load_vec(const T* __restrict__ p, int64_t i, int64_t n, bool vec,
+                                         compute_t<T> (&v)[kV<T>]) {
+  constexpr int V = kV<T>;
+  if (vec && i + V <= n) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(p + i);
+    T e[V];
+    memcpy(&e[0], &raw, 16);
+#pragma unroll
+    for (int l = 0; l < V; ++l) v[l] = widen(e[l]);
+  } else {
+#pragma unroll
+    for (int l = 0; l < V; ++l) v[l] = i + l < n ? widen(p[i + l]) : compute_t<T>(0);
+  }
+}
+
+/// p[i, i + V) = v rounded once to T; elements at or past n are not written.
+template <class T>
+__device__ __forceinline__ void store_vec(T* __restrict__ p, int64_t i, int64_t n, bool vec,
+                                          const compute_t<T> (&v)[kV<T>]) {
+  constexpr int V = kV<T>;
+  if (vec && i + V <= n) {
+    T e[V];
+#pragma unroll
+    for (int l = 0; l < V; ++l) e[l] = round_to<T>(v[l]);
+    uint4 raw;
+    memcpy(&raw, &e[0], 16);
+    *reinterpret_cast<uint4*>(p + i) = raw;
+  } else {
+#pragma unroll
+    for (int l = 0; l < V; ++l)
+      if (i + l < n) p[i + l] = round_to<T>(v[l]);
+  }
+}
+
+template <class T> __device__ __forceinline__ void zero_vec(compute_t<T> (&v)[kV<T>]) {
+#pragma unroll
+  for (int l = 0; l < kV<T>; ++l) v[l] = compute_t<T>(0);
+}
+
+/// Butterfly over aligned groups of `width` lanes (a power of two <= 32): every lane ends with
+/// its group's totals, the same bits in each lane (IEEE addition commutes). Every lane of the
+/// warp must call it.
+template <int K, class C> __device__ __forceinline__ void lanes_sum(C (&v)[K], int width) {
+  for (int off = width >> 1; off > 0; off >>= 1) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
+  }
+}
+
+/// Sums over aligned groups of tpr threads (a power of two <= blockDim.x): every thread ends
+/// with its group's totals. tpr > 32 folds the warps' totals in warp order through `red`
+/// (blockDim.x / 32 * K values) between two barriers, so every thread of the block must call
+/// it with the same tpr, and `red` may be reused right after.
+template <int K, class C> __device__ __forceinline__ void group_sum(C (&v)[K], int tpr, C* red) {
+  lanes_sum(v, tpr < 32 ? tpr : 32);
+  if (tpr > 32) {
+    const int warp = static_cast<int>(threadIdx.x) >> 5;
+    if ((threadIdx.x & 31u) == 0) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) red[warp * K + k] = v[k];
+    }
+    __syncthreads();
+    const int nw = tpr >> 5, first = warp & ~(nw - 1);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      C s = red[first * K + k];
+      for (int i = 1; i < nw; ++i) s += red[(first + i) * K + k];
+      v[k] = s;
+    }
+    __syncthreads();
+  }
+}
+
+/// 1 / sqrt(v + eps) in the compute type (cpu/norm.cpp's rstd_of).
+template <class C> __device__ __forceinline__ C rstd_of(C v, C eps) {
+  return C(1) / sqrt(v + eps);
+}
+
+/// Chan's merge of (count, mean, M2), cpu/norm.cpp's MeanM2::add.
+template <class C> struct MeanM2 {
+  double n;
+  C mean, m2;
+  __device__ __forceinline__ void add(double nb, C mb, C m2b) {
+    if (nb == 0) return;
+    if (n == 0) {
+      n = nb;
+      mean = mb;
+      m2 = m2b;
+      return;
+    }
+    const double nt = n + nb;
+    const C delta = mb - mean;
+    mean += delta * static_cast<C>(nb / nt);
+    m2 += m2b + delta * delta * static_cast<C>(n * nb / nt);
+    n = nt;
+  }
+};
+
+/// Shuffle tree of MeanM2 states over the warp: lane l < o takes lane l + o (the later chunks),
+/// o = 16, 8, ..., 1; lane 0 ends with the warp's merge. Every lane must call it.
+template <class C> __device__ __forceinline__ void chan_tree(MeanM2<C>& a) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const double nb = __shfl_down_sync(0xffffffffu, a.n, o);
+    const C mb = __shfl_down_sync(0xffffffffu, a.mean, o);
+    const C m2b = __shfl_down_sync(0xffffffffu, a.m2, o);
+    a.add(nb, mb, m2b);
+  }
+}
+
+/// A thread's share of a row's backward sums: for k = first, first + stride, ... < np,
+/// s0 += w_k a0[(r0 + k) * st] and s1 += w_k a1[(r0 + k) * st], w_k = w[ch0 + k / P] (group
+/// norm's per-channel sums) or 1 (w null: the partials already hold the weights).
+template <class T>
+__device__ __forceinline__ void row_sums(compute_t<T> (&s)[2], const compute_t<T>* __restrict__ a0,
+                                         const compute_t<T>* __restrict__ a1, int64_t st,
+                                         int64_t r0, int64_t np, int64_t first, int64_t stride,
+                                         const T* __restrict__ w, int64_t ch0, int64_t P) {
+  using C = compute_t<T>;
+  for (int64_t k = first; k < np; k += stride) {
+    const C wk = w ? widen(w[ch0 + k / P]) : C(1);
+    s[0] = fma(wk, a0[(r0 + k) * st], s[0]);
+    s[1] = fma(wk, a1[(r0 + k) * st], s[1]);
+  }
+}
+
+/// Element index -> channel run index (i / S), in 32 bits when the row allows.
+__device__ __forceinline__ int64_t run_of(int64_t i, int64_t S, bool small) {
+  return small ? static_cast<int64_t>(static_cast<uint32_t>(i) / static_cast<uint32_t>(S)) : i / S;
+}
+
+/// Group norm's store values of x[i, i + V) (i < hi, positions of one row): channel
+/// ch0 + e / S of each element e, y = fma(x - mean, rstd * w[ch], b[ch]) (cpu/norm.cpp's
+/// WriteAffineRun); a vector crosses channels only when S % V != 0.
+template <class T>
+__device__ __forceinline__ void group_affine(const compute_t<T> (&xv)[kV<T>],
+                                             compute_t<T> (&o)[kV<T>], int64_t i, int64_t hi,
+                                             int64_t S, int64_t ch0, const T* __restrict__ w,
+                                             const T* __restrict__ b, compute_t<T> mu,
+                                             compute_t<T> rs, bool small) {
+  using C = compute_t<T>;
+  int64_t cl = run_of(i, S, small);
+  int64_t next = (cl + 1) * S;
+  C a = w ? rs * widen(w[ch0 + cl]) : rs;
+  C c = b ? widen(b[ch0 + cl]) : C(0);
+#pragma unroll
+  for (int l = 0; l < kV<T>; ++l) {
+    const int64_t e = i + l;
+    o[l] = C(0);
+    if (e < hi) {
+      if (e >= next) {
+        do {
+          ++cl;
+          next += S;
+        } while (e >= next);
+        a = w ? rs * widen(w[ch0 + cl]) : rs;
+        c = b ? widen(b[ch0 + cl]) : C(0);
+      }
+      o[l] = fma(xv[l] - mu, a, c);
+    }
+  }
+}
+
+/// Layer/rms store values of x[i, i + V): t = (x - mean) * rstd, then * w[i] and + b[i] (one fma
+/// with both, as cpu/norm.cpp's WriteElementwise).
+template <class T>
+__device__ __forceinline__ void elem_affine(const compute_t<T> (&xv)[kV<T>],
+                                            compute_t<T> (&o)[kV<T>], int64_t i, int64_t L,
+                                            const T* __restrict__ w, const T* __restrict__ b,
+                                            compute_t<T> mu, compute_t<T> rs, bool vec) {
+  using C = compute_t<T>;
+  C wv[kV<T>], bv[kV<T>];
+  zero_vec<T>(wv);
+  zero_vec<T>(bv);
+  if (w) load_vec(w, i, L, vec, wv);
+  if (b) load_vec(b, i, L, vec, bv);
+#pragma unroll
+  for (int l = 0; l < kV<T>; ++l) {
+    const C t = (xv[l] - mu) * rs;
+    o[l] = w ? (b ? fma(t, wv[l], bv[l]) : t * wv[l]) : (b ? t + bv[l] : t);
+  }
+}
+
+// ---- forward -------------------------------------------------------------------------------
+
+/// Rows held in registers. x, y: (R, L); mean, rstd: (R) (mean null for rms). Group g of tpr
+/// threads (blockDim.x / tpr groups) takes row blockIdx.x * groups + g; lane l holds vectors
+/// l + u * tpr, u < NV (tpr * NV * V >= L). Group norm (K == kGroup): row r's channels start at
+/// (r % G) * Cg, each S long.
+template <class T, Kind K, int NV>
+__global__ void __launch_bounds__(kMaxRowThreads)
+    fwd_rows_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+                    T* __restrict__ y, compute_t<T>* __restrict__ mean,
+                    compute_t<T>* __restrict__ rstd, int64_t R, int64_t L, int tpr_log2,
+                    int64_t S, int64_t G, int64_t Cg, compute_t<T> eps, bool vec) {
+  using C = compute_t<T>;
+  constexpr int V = kV<T>;
+  __shared__ C red[kMaxRowThreads / 32];
+  const int tpr = 1 << tpr_log2;
+  const int lane = static_cast<int>(threadIdx.x) & (tpr - 1);
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> tpr_log2) +
+                      (threadIdx.x >> tpr_log2);
+  const bool active = row < R;  // inactive threads still take part in every group_sum
+  const int64_t off = (active ? row : 0) * L;
+  C v[NV][V];
+#pragma unroll
+  for (int u = 0; u < NV; ++u) {
+    const int64_t i = (static_cast<int64_t>(u) * tpr + lane) * V;
+    if (active && i < L) load_vec(x + off, i, L, vec, v[u]);
+    else zero_vec<T>(v[u]);
+  }
+  C mu = C(0), var;
+  if constexpr (K == Kind::kRms) {
+    C s[1] = {C(0)};
+#pragma unroll
+    for (int u = 0; u < NV; ++u)
+#pragma unroll
+      for (int l = 0; l < V; ++l) s[0] = fma(v[u][l], v[u][l], s[0]);  // absent elements are 0
+    group_sum(s, tpr, red);
+    var = s[0] / static_cast<C>(L);
+  } else {
+    C s[1] = {C(0)};
+#pragma unroll
+    for (int u = 0; u < NV; ++u)
+#pragma unroll
+      for (int l = 0; l < V; ++l) s[0] += v[u][l];
+    group_sum(s, tpr, red);
+    mu = s[0] / static_cast<C>(L);
+    C m[1] = {C(0)};
+#pragma unroll
+    for (int u = 0; u < NV; ++u) {
+      const int64_t i = (static_cast<int64_t>(u) * tpr + lane) * V;
+#pragma unroll
+      for (int l = 0; l < V; ++l) {
+        if (i + l < L) {  // an absent element would add mean^2
+          const C d = v[u][l] - mu;
+          m[0] = fma(d, d, m[0]);
+        }
+      }
+    }
+    group_sum(m, tpr, red);  // red is free again: group_sum ends with a barrier
+    var = m[0] / static_cast<C>(L);
+  }
+  const C rs = rstd_of(var, eps);
+  if (!active) return;  // no barrier follows
+  if (lane == 0) {
+    if constexpr (K != Kind::kRms) mean[row] = mu;
+    rstd[row] = rs;
+  }
+  const bool small = L <= 0xffffffffLL;
+#pragma unroll
+  for (int u = 0; u < NV; ++u) {
+    const int64_t i = (static_cast<int64_t>(u) * tpr + lane) * V;
+    if (i < L) {
+      C o[V];
+      if constexpr (K == Kind::kGroup)
+        group_affine<T>(v[u], o, i, L, S, (row % G) * Cg, w, b, mu, rs, small);
+      else
+        elem_affine<T>(v[u], o, i, L, w, b, mu, rs, vec);
+      store_vec(y + off, i, L, vec, o);
+    }
+  }
+}
+
+/// Chunk statistics. x: (R, L) in chunks of cs = kBlock * kFwdVecs * V elements; block it =
+/// row * nch + chunk writes the chunk's two-pass (mean, M2) to pm[it], pm2[it] (rms: the sum of
+/// squares to pm2[it]).
+template <class T, Kind K>
+__global__ void __launch_bounds__(kBlock)
+    fwd_chunk_stats_kernel(const T* __restrict__ x, int64_t L, int64_t nch, bool vec,
+                           compute_t<T>* __restrict__ pm, compute_t<T>* __restrict__ pm2) {
+  using C = compute_t<T>;
+  constexpr int V = kV<T>, NV = kFwdVecs<T>;
+  constexpr int64_t cs = static_cast<int64_t>(kBlock) * NV * V;
+  __shared__ C red[kBlock / 32];
+  const int64_t it = blockIdx.x;
+  const int64_t row = it / nch, c = it - row * nch;
+  const T* xr = x + row * L;
+  const int64_t lo = c * cs, hi = dmin(L, lo + cs);
+  C v[NV][V];
+#pragma unroll
+  for (int u = 0; u < NV; ++u) {
+    const int64_t i = lo + (static_cast<int64_t>(u) * kBlock + threadIdx.x) * V;
+    if (i < hi) load_vec(xr, i, hi, vec, v[u]);
+    else zero_vec<T>(v[u]);
+  }
+  if constexpr (K == Kind::kRms) {
+    C s[1] = {C(0)};
+#pragma unroll
+    for (int u = 0; u < NV; ++u)
+#pragma unroll
+      for (int l = 0; l < V; ++l) s[0] = fma(v[u][l], v[u][l], s[0]);
+    group_sum(s, kBlock, red);
+    if (threadIdx.x == 0) pm2[it] = s[0];
+  } else {
+    C s[1] = {C(0)};
+#pragma unroll
+    for (int u = 0; u < NV; ++u)
+#pragma unroll
+      for (int l = 0; l < V; ++l) s[0] += v[u][l];
+    group_sum(s, kBlock, red);
+    const C mu = s[0] / static_cast<C>(hi - lo);
+    C m[1] = {C(0)};
+#pragma unroll
+    for (int u = 0; u < NV; ++u) {
+      const int64_t i = lo + (static_cast<int64_t>(u) * kBlock + threadIdx.x) * V;
+#pragma unroll
+      for (int l = 0; l < V; ++l) {
+        if (i + l < hi) {
+          const C d = v[u][l] - mu;
+          m[0] = fma(d, d, m[0]);
+        }
+      }
+    }
+    group_sum(m, kBlock, red);
+    if (threadIdx.x == 0) {
+      pm[it] = mu;
+      pm2[it] = m[0];
+    }
+  }
+}
+
+/// Long rows' statistics (more than kInlineMerge chunks): block `row` folds the row's chunk
+/// partials (thread t: chunks t, t + kBlock, ... in order, then chan_tree per warp and over the
+/// warps' results) and stores mean (layer/group) and rstd.
+template <class C, Kind K>
+__global__ void __launch_bounds__(kBlock)
+    fwd_merge_kernel(const C* __restrict__ pm, const C* __restrict__ pm2, C* __restrict__ mean,
+                     C* __restrict__ rstd, int64_t L, int64_t nch, int64_t cs, C eps) {
+  const int64_t row = blockIdx.x, p0 = row * nch;
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  if constexpr (K == Kind::kRms) {
+    __shared__ C red[kBlock / 32];
+    C s[1] = {C(0)};
+    for (int64_t k = threadIdx.x; k < nch; k += kBlock) s[0] += pm2[p0 + k];
+    group_sum(s, kBlock, red);
+    if (threadIdx.x == 0) rstd[row] = rstd_of(s[0] / static_cast<C>(L), eps);
+  } else {
+    __shared__ double wn[kBlock / 32];
+    __shared__ C wm[kBlock / 32], wm2[kBlock / 32];
+    MeanM2<C> a{0.0, C(0), C(0)};
+    for (int64_t k = threadIdx.x; k < nch; k += kBlock)
+      a.add(static_cast<double>(dmin(cs, L - k * cs)), pm[p0 + k], pm2[p0 + k]);
+    chan_tree(a);
+    if (lane == 0) {
+      wn[warp] = a.n;
+      wm[warp] = a.mean;
+      wm2[warp] = a.m2;
+    }
+    __syncthreads();
+    if (warp == 0) {
+      MeanM2<C> b{0.0, C(0), C(0)};
+      if (lane < kBlock / 32) b = MeanM2<C>{wn[lane], wm[lane], wm2[lane]};
+      chan_tree(b);
+      if (lane == 0) {
+        mean[row] = b.mean;
+        rstd[row] = rstd_of(b.m2 / static_cast<C>(L), eps);
+      }
+    }
+  }
+}
+
+/// Chunk normalisation: block it = row * nch + chunk. With pm2 null the statistics are read
+/// from mean/rstd (fwd_merge_kernel); else each warp merges the row's partials itself (lane k
+/// folds chunks k, k + 32, ... in order, then chan_tree; the same bits in every warp and block
+/// of the row) and chunk 0's block stores them. Then the chunk is written as in
+/// fwd_rows_kernel.
+template <class T, Kind K>
+__global__ void __launch_bounds__(kBlock)
+    fwd_chunk_write_kernel(const T* __restrict__ x, const T* __restrict__ w,
+                           const T* __restrict__ b, T* __restrict__ y,
+                           compute_t<T>* __restrict__ mean, compute_t<T>* __restrict__ rstd,
+                           const compute_t<T>* __restrict__ pm,
+                           const compute_t<T>* __restrict__ pm2, int64_t L, int64_t nch,
+                           int64_t S, int64_t G, int64_t Cg, compute_t<T> eps, bool vec) {
+  using C = compute_t<T>;
+  constexpr int V = kV<T>, NV = kFwdVecs<T>;
+  constexpr int64_t cs = static_cast<int64_t>(kBlock) * NV * V;
+  const int64_t it = blockIdx.x;
+  const int64_t row = it / nch, c = it - row * nch;
+  const int64_t lo = c * cs, hi = dmin(L, lo + cs);
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t p0 = row * nch;
+  C mu = C(0), rs;
+  if (pm2 == nullptr) {  // uniform
+    if constexpr (K != Kind::kRms) mu = mean[row];
+    rs = rstd[row];
+  } else {
+    C var;
+    if constexpr (K == Kind::kRms) {
+      C s[1] = {C(0)};
+      for (int64_t k = lane; k < nch; k += 32) s[0] += pm2[p0 + k];
+      lanes_sum(s, 32);
+      var = s[0] / static_cast<C>(L);
+    } else {
+      MeanM2<C> a{0.0, C(0), C(0)};
+      for (int64_t k = lane; k < nch; k += 32)
+        a.add(static_cast<double>(dmin(cs, L - k * cs)), pm[p0 + k], pm2[p0 + k]);
+      chan_tree(a);
+      mu = __shfl_sync(0xffffffffu, a.mean, 0);
+      var = __shfl_sync(0xffffffffu, a.m2, 0) / static_cast<C>(L);
+    }
+    rs = rstd_of(var, eps);
+    if (c == 0 && threadIdx.x == 0) {
+      if constexpr (K != Kind::kRms) mean[row] = mu;
+      rstd[row] = rs;
+    }
+  }
+  const T* xr = x + row * L;
+  T* yr = y + row * L;
+  const bool small = L <= 0xffffffffLL;
+#pragma unroll
+  for (int u = 0; u < NV; ++u) {
+    const int64_t i = lo + (static_cast<int64_t>(u) * kBlock + threadIdx.x) * V;
+    if (i < hi) {
+      C xv[V], o[V];
+      load_vec(xr, i, hi, vec, xv);
+      if constexpr (K == Kind::kGroup)
+        group_affine<T>(xv, o, i, hi, S, (row % G) * Cg, w, b, mu, rs, small);
+      else
+        elem_affine<T>(xv, o, i, L, w, b, mu, rs, vec);
+      store_vec(yr, i, hi, vec, o);
+    }
+  }
+}
+
+// ---- backward: rms and layer norm ------------------------------------------------------------
+
+/// The per-element backward of one vector: d = x - mean (0 where absent), u = dy * rho; adds
+/// u * w and q * w to s, and q, dy to the thread's column sums cw[l * stride], cb[l * stride]
+/// (shared memory, or null when not wanted); leaves d in xv and u in gv.
+template <class T, Kind K>
+__device__ __forceinline__ void bwd_vec(compute_t<T> (&xv)[kV<T>], compute_t<T> (&gv)[kV<T>],
+                                        const compute_t<T> (&wv)[kV<T>], int64_t i, int64_t n,
+                                        compute_t<T> mu, compute_t<T> rho, compute_t<T> (&s)[2],
+                                        compute_t<T>* cw, compute_t<T>* cb, int stride) {
+  using C = compute_t<T>;
+#pragma unroll
+  for (int l = 0; l < kV<T>; ++l) {
+    const bool in = i + l < n;
+    const C d = in ? xv[l] - mu : C(0);
+    const C u = in ? gv[l] * rho : C(0);
+    const C q = u * d;
+    if constexpr (K == Kind::kLayer) s[0] = fma(u, wv[l], s[0]);
+    s[1] = fma(q, wv[l], s[1]);
+    if (cw) cw[l * stride] += q;
+    if (cb) cb[l * stride] += in ? gv[l] : C(0);
+    xv[l] = d;
+    gv[l] = u;
+  }
+}
+
+/// dx of one vector from d (xv), u (gv), w, k and c: fma(u, w, fma(d, -k, -c)) (rms: d * -k).
+template <class T, Kind K>
+__device__ __forceinline__ void dx_vec(const compute_t<T> (&xv)[kV<T>],
+                                       const compute_t<T> (&gv)[kV<T>],
+                                       const compute_t<T> (&wv)[kV<T>], bool has_w,
+                                       compute_t<T> kk, compute_t<T> cc,
+                                       compute_t<T> (&o)[kV<T>]) {
+  using C = compute_t<T>;
+#pragma unroll
+  for (int l = 0; l < kV<T>; ++l) {
+    const C t = K == Kind::kRms ? xv[l] * -kk : fma(xv[l], -kk, -cc);
+    o[l] = has_w ? fma(gv[l], wv[l], t) : gv[l] + t;
+  }
+}
+
+template <class T>
+__device__ __forceinline__ void load_w(const T* __restrict__ w, int64_t i, int64_t n, bool vec,
+                                       compute_t<T> (&wv)[kV<T>]) {
+  if (w) {
+    load_vec(w, i, n, vec, wv);
+  } else {
+#pragma unroll
+    for (int l = 0; l < kV<T>; ++l) wv[l] = compute_t<T>(1);
+  }
+}
+
+/// Column sums in shared memory: thread t's slot e (e < E = NV * V: its vector u = e / V, lane
+/// l = e % V) of array a (0: dw, 1: db) is cols[(a * E + e) * blockDim.x + t], so a warp's
+/// accesses are conflict-free and no thread touches another's slots until the fold.
+template <class C, int E> __device__ __forceinline__ C* col_slot(C* cols, int a, int e) {
+  return cols + (a * E + e) * static_cast<int>(blockDim.x) + threadIdx.x;
+}
+
+/// Zeroes the calling thread's column slots of the wanted arrays.
+template <class C, int E>
+__device__ __forceinline__ void zero_cols(C* cols, bool want_w, bool want_b) {
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    if (want_w) *col_slot<C, E>(cols, 0, e) = C(0);
+    if (want_b) *col_slot<C, E>(cols, 1, e) = C(0);
+  }
+}
+
+/// Array a's column sums -> p_row[lo + col]: group 0 (lanes of tpr threads) folds groups 1, 2...
+/// into its own in order. Thread lane of every group holds columns lo + (lane + u * tpr) * V + l.
+/// Call after a barrier that follows the last update.
+template <class C, int NV, int V>
+__device__ __forceinline__ void fold_cols(C* cols, int a, C* __restrict__ p_row, int64_t lo,
+                                          int64_t hi, int tpr_log2) {
+  constexpr int E = NV * V;
+  const int tpr = 1 << tpr_log2;
+  if ((static_cast<int>(threadIdx.x) >> tpr_log2) != 0) return;
+  const int groups = static_cast<int>(blockDim.x) >> tpr_log2;
+#pragma unroll
+  for (int u = 0; u < NV; ++u) {
+    const int64_t i = lo + (static_cast<int64_t>(u) * tpr + threadIdx.x) * V;
+#pragma unroll
+    for (int l = 0; l < V; ++l) {
+      const C* slot = col_slot<C, E>(cols, a, u * V + l);
+      C s = slot[0];
+      for (int g = 1; g < groups; ++g) s += slot[g << tpr_log2];
+      if (i + l < hi) p_row[i + l] = s;
+    }
+  }
+}
+
+/// Rows held in registers. x, dy, dx: (R, D); mean (layer), rstd: (R); pdw, pdb (or null):
+/// (gridDim.x, D) column partials. Groups of tpr threads as fwd_rows_kernel; the block's groups
+/// take rows blockIdx.x * gpb + g + k * gridDim.x * gpb, each thread summing q and dy of its
+/// columns over its rows in shared memory (dynamic: 2 * NV * V * blockDim.x values when a
+/// partial is wanted).
+template <class T, Kind K, int NV>
+__global__ void __launch_bounds__(kBwdMaxThreads, 2)
+    bwd_rows_kernel(const T* __restrict__ x, const T* __restrict__ w,
+                    const compute_t<T>* __restrict__ mean, const compute_t<T>* __restrict__ rstd,
+                    const T* __restrict__ dy, T* __restrict__ dx, compute_t<T>* __restrict__ pdw,
+                    compute_t<T>* __restrict__ pdb, int64_t R, int64_t D, int tpr_log2,
+                    compute_t<T> inv_d, bool vec) {
+  using C = compute_t<T>;
+  constexpr int V = kV<T>, E = NV * V;
+  __shared__ C red[kBwdMaxThreads / 32 * 2];
+  extern __shared__ __align__(16) unsigned char cols_raw[];
+  C* cols = reinterpret_cast<C*>(cols_raw);
+  const bool want_w = pdw != nullptr, want_b = pdb != nullptr;
+  const int tpr = 1 << tpr_log2;
+  const int gpb = static_cast<int>(blockDim.x) >> tpr_log2;
+  const int g = static_cast<int>(threadIdx.x) >> tpr_log2;
+  const int lane = static_cast<int>(threadIdx.x) & (tpr - 1);
+  zero_cols<C, E>(cols, want_w, want_b);
+  const int64_t step = static_cast<int64_t>(gridDim.x) * gpb;
+  for (int64_t rb = static_cast<int64_t>(blockIdx.x) * gpb; rb < R; rb += step) {  // uniform
+    const int64_t row = rb + g;
+    const bool active = row < R;
+    const int64_t off = (active ? row : 0) * D;
+    C xv[NV][V], gv[NV][V];
+#pragma unroll
+    for (int u = 0; u < NV; ++u) {
+      const int64_t i = (static_cast<int64_t>(u) * tpr + lane) * V;
+      if (active && i < D) {
+        load_vec(x + off, i, D, vec, xv[u]);
+        load_vec(dy + off, i, D, vec, gv[u]);
+      } else {
+        zero_vec<T>(xv[u]);
+        zero_vec<T>(gv[u]);
+      }
+    }
+    const C mu = K == Kind::kLayer && active ? mean[row] : C(0);
+    const C rho = active ? rstd[row] : C(0);
+    C s[2] = {C(0), C(0)};
+#pragma unroll
+    for (int u = 0; u < NV; ++u) {
+      const int64_t i = (static_cast<int64_t>(u) * tpr + lane) * V;
+      C wv[V];
+      load_w(w, i < D ? i : 0, D, vec, wv);
+      bwd_vec<T, K>(xv[u], gv[u], wv, i, active ? D : 0, mu, rho, s,
+                    want_w ? col_slot<C, E>(cols, 0, u * V) : nullptr,
+                    want_b ? col_slot<C, E>(cols, 1, u * V) : nullptr,
+                    static_cast<int>(blockDim.x));
+    }
+    group_sum(s, tpr, red);
+    const C kk = rho * rho * s[1] * inv_d;
+    const C cc = s[0] * inv_d;
+    if (active) {
+#pragma unroll
+      for (int u = 0; u < NV; ++u) {
+        const int64_t i = (static_cast<int64_t>(u) * tpr + lane) * V;
+        if (i < D) {
+          C wv[V], o[V];
+          load_w(w, i, D, vec, wv);
+          dx_vec<T, K>(xv[u], gv[u], wv, w != nullptr, kk, cc, o);
+          store_vec(dx + off, i, D, vec, o);
+        }
+      }
+    }
+  }
+  if (!want_w && !want_b) return;  // uniform
+  __syncthreads();  // every thread's column sums are final
+  const int64_t prow = static_cast<int64_t>(blockIdx.x) * D;
+  if (want_w) fold_cols<C, NV, V>(cols, 0, pdw + prow, 0, D, tpr_log2);
+  if (want_b) fold_cols<C, NV, V>(cols, 1, pdb + prow, 0, D, tpr_log2);
+}
+
+/// Chunked sums. x, dy: (R, D) in chunks of cb = kBlock * kBwdVecs * V; block (c, k) takes chunk
+/// c of rows k, k + gridDim.y, ...: ps[(row * nch + c) * 2 + {0, 1}] = the chunk's sums of u w
+/// and q w; pdw, pdb (or null): (gridDim.y, D) column partials, summed in shared memory as in
+/// bwd_rows_kernel (one group of kBlock threads: dynamic 2 * kBwdVecs * V * kBlock values).
+template <class T, Kind K>
+__global__ void __launch_bounds__(kBlock)
+    bwd_chunk_sums_kernel(const T* __restrict__ x, const T* __restrict__ w,
+                          const compute_t<T>* __restrict__ mean,
+                          const compute_t<T>* __restrict__ rstd, const T* __restrict__ dy,
+                          compute_t<T>* __restrict__ ps, compute_t<T>* __restrict__ pdw,
+                          compute_t<T>* __restrict__ pdb, int64_t R, int64_t D, int64_t nch,
+                          bool vec) {
+  using C = compute_t<T>;
+  constexpr int V = kV<T>, NV = kBwdVecs<T>, E = NV * V;
+  constexpr int64_t cb = static_cast<int64_t>(kBlock) * NV * V;
+  __shared__ C red[kBlock / 32 * 2];
+  extern __shared__ __align__(16) unsigned char cols_raw[];
+  C* cols = reinterpret_cast<C*>(cols_raw);
+  const bool want_w = pdw != nullptr, want_b = pdb != nullptr;
+  const int64_t c = blockIdx.x;
+  const int64_t lo = c * cb, hi = dmin(D, lo + cb);
+  zero_cols<C, E>(cols, want_w, want_b);
+  for (int64_t r = blockIdx.y; r < R; r += gridDim.y) {  // uniform
+    const int64_t off = r * D;
+    C xv[NV][V], gv[NV][V];
+#pragma unroll
+    for (int u = 0; u < NV; ++u) {
+      const int64_t i = lo + (static_cast<int64_t>(u) * kBlock + threadIdx.x) * V;
+      if (i < hi) {
+        load_vec(x + off, i, hi, vec, xv[u]);
+        load_vec(dy + off, i, hi, vec, gv[u]);
+      } else {
+        zero_vec<T>(xv[u]);
+        zero_vec<T>(gv[u]);
+      }
+    }
+    const C mu = K == Kind::kLayer ? mean[r] : C(0);
+    const C rho = rstd[r];
+    C s[2] = {C(0), C(0)};
+#pragma unroll
+    for (int u = 0; u < NV; ++u) {
+      const int64_t i = lo + (static_cast<int64_t>(u) * kBlock + threadIdx.x) * V;
+      C wv[V];
+      load_w(w, i < hi ? i : lo, hi, vec, wv);
+      bwd_vec<T, K>(xv[u], gv[u], wv, i, hi, mu, rho, s,
+                    want_w ? col_slot<C, E>(cols, 0, u * V) : nullptr,
+                    want_b ? col_slot<C, E>(cols, 1, u * V) : nullptr, kBlock);
+    }
+    group_sum(s, kBlock, red);
+    if (threadIdx.x == 0) {
+      ps[(r * nch + c) * 2] = s[0];
+      ps[(r * nch + c) * 2 + 1] = s[1];
+    }
+  }
+  // One group per block: fold_cols reads only the thread's own slots (the barrier keeps its
+  // contract all the same).
+  if (!want_w && !want_b) return;  // uniform
+  __syncthreads();
+  const int64_t prow = static_cast<int64_t>(blockIdx.y) * D;
+  if (want_w) fold_cols<C, NV, V>(cols, 0, pdw + prow, lo, hi, 8);
+  if (want_b) fold_cols<C, NV, V>(cols, 1, pdb + prow, lo, hi, 8);
+}
+static_assert(kBlock == 1 << 8, "bwd_chunk_sums_kernel passes tpr_log2 = 8");
+
+/// Long rows' backward sums (more than kInlineMerge partials): block `row` computes row_sums
+/// over the row's np partials (thread t: k = t, t + kBlock, ..., then group_sum) into
+/// pre[row * 2 + {0, 1}]. Group norm (w non-null): row r's channels start at (r % G) * Cg.
+template <class T>
+__global__ void __launch_bounds__(kBlock)
+    sums_merge_kernel(const compute_t<T>* __restrict__ a0, const compute_t<T>* __restrict__ a1,
+                      int64_t st, int64_t np, const T* __restrict__ w, int64_t G, int64_t Cg,
+                      int64_t P, compute_t<T>* __restrict__ pre) {
+  using C = compute_t<T>;
+  __shared__ C red[kBlock / 32 * 2];
+  const int64_t row = blockIdx.x;
+  C s[2] = {C(0), C(0)};
+  row_sums<T>(s, a0, a1, st, row * np, np, threadIdx.x, kBlock, w, (row % G) * Cg, P);
+  group_sum(s, kBlock, red);
+  if (threadIdx.x == 0) {
+    pre[row * 2] = s[0];
+    pre[row * 2 + 1] = s[1];
+  }
+}
+
+/// Chunked dx: block it = row * nch + c. The row's sums come from pre (sums_merge_kernel) or,
+/// pre null, each warp folds the row's chunk sums itself (row_sums with lane stride, then a
+/// butterfly); then dx of chunk c.
+template <class T, Kind K>
+__global__ void __launch_bounds__(kBlock)
+    bwd_chunk_dx_kernel(const T* __restrict__ x, const T* __restrict__ w,
+                        const compute_t<T>* __restrict__ mean,
+                        const compute_t<T>* __restrict__ rstd, const T* __restrict__ dy,
+                        const compute_t<T>* __restrict__ ps,
+                        const compute_t<T>* __restrict__ pre, T* __restrict__ dx, int64_t D,
+                        int64_t nch, compute_t<T> inv_d, bool vec) {
+  using C = compute_t<T>;
+  constexpr int V = kV<T>, NV = kBwdVecs<T>;
+  constexpr int64_t cb = static_cast<int64_t>(kBlock) * NV * V;
+  const int64_t it = blockIdx.x;
+  const int64_t row = it / nch, c = it - row * nch;
+  const int64_t lo = c * cb, hi = dmin(D, lo + cb);
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  C s[2] = {C(0), C(0)};
+  if (pre) {  // uniform
+    s[0] = pre[row * 2];
+    s[1] = pre[row * 2 + 1];
+  } else {
+    row_sums<T>(s, ps, ps + 1, 2, row * nch, nch, lane, 32, nullptr, 0, 1);
+    lanes_sum(s, 32);
+  }
+  const C mu = K == Kind::kLayer ? mean[row] : C(0);
+  const C rho = rstd[row];
+  const C kk = rho * rho * s[1] * inv_d;
+  const C cc = s[0] * inv_d;
+  const int64_t off = row * D;
+#pragma unroll
+  for (int u = 0; u < NV; ++u) {
+    const int64_t i = lo + (static_cast<int64_t>(u) * kBlock + threadIdx.x) * V;
+    if (i < hi) {
+      C xv[V], gv[V], wv[V], o[V];
+      load_vec(x + off, i, hi, vec, xv);
+      load_vec(dy + off, i, hi, vec, gv);
+      load_w(w, i, hi, vec, wv);
+#pragma unroll
+      for (int l = 0; l < V; ++l) {
+        xv[l] = xv[l] - mu;
+        gv[l] = gv[l] * rho;
+      }
+      dx_vec<T, K>(xv, gv, wv, w != nullptr, kk, cc, o);
+      store_vec(dx + off, i, hi, vec, o);
+    }
+  }
+}
+
+// ---- backward: group norm --------------------------------------------------------------------
+
+/// Per-channel sums. x, dy: (N, C, S), each channel run cut into P pieces of ps elements; item
+/// = (n * C + ch) * P + p, taken by a group of tpu threads (blockDim.x / tpu items per block):
+/// pu[item] = sum(u), pq[item] = sum(q), pdy[item] (or null) = sum(dy) over the piece, with the
+/// statistics of (n, ch / Cg).
+template <class T>
+__global__ void __launch_bounds__(kBlock)
+    gn_bwd_sums_kernel(const T* __restrict__ x, const T* __restrict__ dy,
+                       const compute_t<T>* __restrict__ mean,
+                       const compute_t<T>* __restrict__ rstd, compute_t<T>* __restrict__ pu,
+                       compute_t<T>* __restrict__ pq, compute_t<T>* __restrict__ pdy,
+                       int64_t items, int64_t Cn, int64_t S, int64_t G, int64_t Cg, int64_t P,
+                       int64_t ps, int tpu_log2, bool vec) {
+  using C = compute_t<T>;
+  constexpr int V = kV<T>, NU = kFwdVecs<T>;
+  __shared__ C red[kBlock / 32 * 3];
+  const int tpu = 1 << tpu_log2;
+  const int lane = static_cast<int>(threadIdx.x) & (tpu - 1);
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * (kBlock >> tpu_log2) +
+                       (threadIdx.x >> tpu_log2);
+  const bool active = item < items;
+  const int64_t it = active ? item : 0;
+  const int64_t nc = it / P, p = it - nc * P;
+  const int64_t n = nc / Cn, ch = nc - n * Cn;
+  const int64_t grp = n * G + ch / Cg;
+  const T* xc = x + nc * S;
+  const T* gc = dy + nc * S;
+  const int64_t lo = p * ps, hi = active ? dmin(S, lo + ps) : lo;
+  const C mu = mean[grp], rho = rstd[grp];
+  C s[3] = {C(0), C(0), C(0)};
+  const int64_t step = static_cast<int64_t>(tpu) * V * NU;
+  for (int64_t i0 = lo + static_cast<int64_t>(lane) * V; i0 < hi; i0 += step) {
+    C xv[NU][V], gv[NU][V];
+#pragma unroll
+    for (int k = 0; k < NU; ++k) {  // every load first, then the arithmetic
+      const int64_t i = i0 + static_cast<int64_t>(k) * tpu * V;
+      if (i < hi) {
+        load_vec(xc, i, hi, vec, xv[k]);
+        load_vec(gc, i, hi, vec, gv[k]);
+      } else {
+        zero_vec<T>(xv[k]);
+        zero_vec<T>(gv[k]);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < NU; ++k) {
+      const int64_t i = i0 + static_cast<int64_t>(k) * tpu * V;
+#pragma unroll
+      for (int l = 0; l < V; ++l) {
+        const bool in = i + l < hi;
+        const C d = in ? xv[k][l] - mu : C(0);
+        const C u = in ? gv[k][l] * rho : C(0);
+        s[0] += u;
+        s[1] = fma(u, d, s[1]);
+        s[2] += gv[k][l];  // 0 where absent
+      }
+    }
+  }
+  group_sum(s, tpu, red);
+  if (active && lane == 0) {
+    pu[item] = s[0];
+    pq[item] = s[1];
+    if (pdy) pdy[item] = s[2];
+  }
+}
+
+/// Group norm dx. x, dy, dx: (N * G, L) rows of L = Cg * S, in chunks of cs = tpr * kFwdVecs * V;
+/// item = row * nch + chunk, taken by a group of tpr threads. The row's sums come from pre
+/// (sums_merge_kernel) or, pre null, each warp (or sub-warp group) folds its row's Cg * P
+/// channel sums with w itself (row_sums with lane stride, then a butterfly); then
+/// dx = fma(u, w[ch], fma(d, -k, -c)) over the chunk.
+template <class T>
+__global__ void __launch_bounds__(kBlock)
+    gn_bwd_dx_kernel(const T* __restrict__ x, const T* __restrict__ w,
+                     const compute_t<T>* __restrict__ mean, const compute_t<T>* __restrict__ rstd,
+                     const T* __restrict__ dy, const compute_t<T>* __restrict__ pu,
+                     const compute_t<T>* __restrict__ pq, const compute_t<T>* __restrict__ pre,
+                     T* __restrict__ dx, int64_t items,
+                     int64_t L, int64_t nch, int64_t S, int64_t G, int64_t Cg,
+                     int64_t P, int tpr_log2, compute_t<T> inv_m, bool vec) {
+  using C = compute_t<T>;
+  constexpr int V = kV<T>, NV = kFwdVecs<T>;
+  const int tpr = 1 << tpr_log2;
+  const int lane = static_cast<int>(threadIdx.x) & (tpr - 1);
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * (kBlock >> tpr_log2) +
+                       (threadIdx.x >> tpr_log2);
+  const bool active = item < items;
+  const int64_t it = active ? item : 0;
+  const int64_t row = it / nch, c = it - row * nch;
+  const int64_t cs = static_cast<int64_t>(tpr) * NV * V;
+  const int64_t lo = c * cs, hi = dmin(L, lo + cs);
+  const int64_t ch0 = (row % G) * Cg;
+  C s[2] = {C(0), C(0)};
+  if (pre) {  // uniform
+    if (!active) return;
+    s[0] = pre[row * 2];
+    s[1] = pre[row * 2 + 1];
+  } else {
+    // The group's Cg * P sums are adjacent, from (n * Cn + ch0) * P = row * Cg * P (Cn = G Cg).
+    const int mw = tpr < 32 ? tpr : 32;
+    if (active)
+      row_sums<T>(s, pu, pq, 1, row * Cg * P, Cg * P, static_cast<int>(threadIdx.x) & (mw - 1),
+                  mw, w, ch0, P);
+    lanes_sum(s, mw);
+    if (!active) return;  // no barrier or shuffle follows
+  }
+  const C mu = mean[row], rho = rstd[row];
+  const C kk = rho * rho * s[1] * inv_m;
+  const C cc = s[0] * inv_m;
+  const int64_t off = row * L;
+  const bool small = L <= 0xffffffffLL;
+#pragma unroll
+  for (int u = 0; u < NV; ++u) {
+    const int64_t i = lo + (static_cast<int64_t>(u) * tpr + lane) * V;
+    if (i < hi) {
+      C xv[V], gv[V], o[V];
+      load_vec(x + off, i, hi, vec, xv);
+      load_vec(dy + off, i, hi, vec, gv);
+      int64_t cl = run_of(i, S, small);
+      int64_t next = (cl + 1) * S;
+      C wc = w ? widen(w[ch0 + cl]) : C(1);
+#pragma unroll
+      for (int l = 0; l < V; ++l) {
+        const int64_t e = i + l;
+        o[l] = C(0);
+        if (e < hi) {
+          if (e >= next) {
+            do {
+              ++cl;
+              next += S;
+            } while (e >= next);
+            wc = w ? widen(w[ch0 + cl]) : C(1);
+          }
+          const C t = fma(xv[l] - mu, -kk, -cc);
+          const C uu = gv[l] * rho;
+          o[l] = w ? fma(uu, wc, t) : uu + t;
+        }
+      }
+      store_vec(dx + off, i, hi, vec, o);
+    }
+  }
+}
+
+// ---- dw, db: the partials' fold ------------------------------------------------------------
+
+/// part: (Nn, Cc, P) -> out[c] = the sum over (n, p) of part[(n * Cc + c) * P + p], in a fixed
+/// order (lane ty folds k = n * P + p = ty, ty + kColY, ... in four running sums, then a
+/// shared-memory tree over the lanes), rounded once. blockIdx.y picks dw (pw) or db (pb).
+template <class C, class OW, class OB>
+__global__ void __launch_bounds__(kColX * kColY)
+    col_reduce_kernel(const C* __restrict__ pw, OW* __restrict__ ow, const C* __restrict__ pb,
+                      OB* __restrict__ ob, int64_t Nn, int64_t Cc, int64_t P) {
+  __shared__ C red[kColY][kColX];
+  const bool is_w = pw != nullptr && blockIdx.y == 0;
+  const C* part = is_w ? pw : pb;
+  const int tx = static_cast<int>(threadIdx.x) % kColX, ty = static_cast<int>(threadIdx.x) / kColX;
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kColX + tx;
+  const int64_t K = Nn * P;
+  C s0 = C(0), s1 = C(0), s2 = C(0), s3 = C(0);
+  if (col < Cc) {
+    auto at = [&](int64_t k) {
+      if (P == 1) return part[k * Cc + col];
+      const int64_t n = k / P;
+      return part[(n * Cc + col) * P + (k - n * P)];
+    };
+    int64_t k = ty;
+    for (; k + 3 * kColY < K; k += 4 * kColY) {
+      s0 += at(k);
+      s1 += at(k + kColY);
+      s2 += at(k + 2 * kColY);
+      s3 += at(k + 3 * kColY);
+    }
+    for (; k < K; k += kColY) s0 += at(k);
+  }
+  red[ty][tx] = (s0 + s1) + (s2 + s3);
+  __syncthreads();
+  for (int h = kColY / 2; h > 0; h >>= 1) {
+    if (ty < h) red[ty][tx] += red[ty + h][tx];
+    __syncthreads();
+  }
+  if (ty == 0 && col < Cc) {
+    if (is_w) ow[col] = round_to<OW>(red[0][tx]);
+    else ob[col] = round_to<OB>(red[0][tx]);
+  }
+}
+
+// ---- host side -------------------------------------------------------------------------------
+
+bool has(const std::vector<Tensor>& in, size_t i) {
+  return in.size() > i && in[i].defined() && in[i].elem_count() > 0;
+}
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+/// x's shape without its last dim (the per-row statistics' shape).
+Shape rows_shape(const Tensor& x) {
+  std::vector<size_t> d = x.dims();
+  if (!d.empty()) d.pop_back();
+  return Shape(d);
+}
+
+/// A scratch tensor of n compute-type values on `like`'s device (returned to the allocator's
+/// cache when `holder` goes; later work on the same stream is ordered after this use).
+template <class C> C* scratch(Tensor& holder, int64_t n, const Tensor& like) {
+  holder = Tensor::empty(Shape({static_cast<size_t>(n)}), dtype_of_v<C>, like.device());
+  return ptr<C>(holder);
+}
+
+void fill_bytes(const Tensor& t, int byte) {
+  if (t.defined() && t.elem_count() > 0)
+    TAPER_CUDA_CHECK(cudaMemsetAsync(t.data_ptr(), byte, t.elem_count() * dtype_size(t.dtype()),
+                                     stream_of(t)));
+}
+
+unsigned grid1(const char* name, int64_t blocks) {
+  TAPER_CHECK(blocks <= std::numeric_limits<int32_t>::max(), name, ": too many blocks (", blocks,
+              ")");
+  return static_cast<unsigned>(blocks);
+}
+
+/// Smallest l with (per << l) >= n (n >= 1).
+int log2_for(int64_t n, int64_t per) {
+  int l = 0;
+  while ((per << l) < n) ++l;
+  return l;
+}
+
+/// Calls f(std::integral_constant<int, NV>) with NV in {1, 2, 4}, the smallest >= nv (<= max).
+template <int kMax, class F> void with_vecs(int64_t nv, F&& f) {
+  if (nv <= 1) f(std::integral_constant<int, 1>{});
+  else if (nv <= 2 || kMax < 4) f(std::integral_constant<int, (kMax < 2 ? kMax : 2)>{});
+  else f(std::integral_constant<int, (kMax < 4 ? kMax : 4)>{});
+}
+
+/// One norm call, host side: pointers are element 0 of contiguous tensors (null where absent).
+struct Job {
+  const char* name = nullptr;
+  const std::vector<Tensor>* in = nullptr;
+  cudaStream_t st = nullptr;
+  int64_t R = 0, L = 0;        ///< rows and their length
+  int64_t N = 0, Cn = 0, S = 1, G = 1, Cg = 1;  ///< group norm
+  double eps = 0;
+  const void *x = nullptr, *w = nullptr, *b = nullptr, *dy = nullptr;
+  void *y = nullptr, *mean = nullptr, *rstd = nullptr;  ///< forward out; backward: mean/rstd in
+  Tensor dw, db;  ///< backward outputs (undefined when not needed)
+};
+
+template <class T, Kind K> void run_fwd(const Job& j) {
+  using C = compute_t<T>;
+  constexpr int V = kV<T>, NVmax = kFwdVecs<T>;
+  const T* x = static_cast<const T*>(j.x);
+  const T* w = static_cast<const T*>(j.w);
+  const T* b = static_cast<const T*>(j.b);
+  T* y = static_cast<T*>(j.y);
+  C* mean = static_cast<C*>(j.mean);
+  C* rstd = static_cast<C*>(j.rstd);
+  const C eps = static_cast<C>(j.eps);
+  const bool vec = aligned16(x) && aligned16(y) && j.L % V == 0 &&
+                   (K == Kind::kGroup || ((!w || aligned16(w)) && (!b || aligned16(b))));
+  const int64_t nv = ceil_div(j.L, V);
+  const int tl = log2_for(nv, NVmax);
+  bool rows = (int64_t{1} << tl) <= kMaxRowThreads;
+  if (rows) {
+    const int tpr = 1 << tl;
+    const int threads = std::max(kBlock, tpr);
+    const int64_t blocks = ceil_div(j.R, threads / tpr);
+    if (blocks < kMinRowBlocks && j.L >= kSplitMinLen) rows = false;
+    if (rows) {
+      with_vecs<NVmax>(ceil_div(nv, tpr), [&](auto nvc) {
+        constexpr int NV = decltype(nvc)::value;
+        fwd_rows_kernel<T, K, NV><<<grid1(j.name, blocks), threads, 0, j.st>>>(
+            x, w, b, y, mean, rstd, j.R, j.L, tl, j.S, j.G, j.Cg, eps, vec);
+        TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
+      });
+      return;
+    }
+  }
+  constexpr int64_t cs = static_cast<int64_t>(kBlock) * NVmax * V;
+  const int64_t nch = ceil_div(j.L, cs);
+  const int64_t items = j.R * nch;
+  Tensor hm, hm2;
+  C* pm = K == Kind::kRms ? nullptr : scratch<C>(hm, items, (*j.in)[0]);
+  C* pm2 = scratch<C>(hm2, items, (*j.in)[0]);
+  const unsigned grid = grid1(j.name, items);
+  fwd_chunk_stats_kernel<T, K><<<grid, kBlock, 0, j.st>>>(x, j.L, nch, vec, pm, pm2);
+  TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
+  const bool merge = nch > kInlineMerge;  // else each write block merges its row's few chunks
+  if (merge) {
+    fwd_merge_kernel<C, K><<<grid1(j.name, j.R), kBlock, 0, j.st>>>(pm, pm2, mean, rstd, j.L,
+                                                                    nch, cs, eps);
+    TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
+  }
+  fwd_chunk_write_kernel<T, K><<<grid, kBlock, 0, j.st>>>(
+      x, w, b, y, mean, rstd, merge ? nullptr : pm, merge ? nullptr : pm2, j.L, nch, j.S, j.G,
+      j.Cg, eps, vec);
+  TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
+}
+
+/// dw, db from their partials (Nn, Cc, P) (null: not wanted).
+template <class C, class OW>
+void fold_partials(const Job& j, const C* pw, const C* pb, int64_t Nn, int64_t Cc, int64_t P) {
+  if (!pw && !pb) return;
+  const dim3 grid(grid1(j.name, ceil_div(Cc, kColX)), (pw ? 1u : 0u) + (pb ? 1u : 0u));
+  OW* ow = pw ? ptr<OW>(j.dw) : nullptr;
+  auto launch = [&](auto btag) {
+    using OB = decltype(btag);
+    col_reduce_kernel<C, OW, OB><<<grid, kColX * kColY, 0, j.st>>>(
+        pw, ow, pb, pb ? ptr<OB>(j.db) : nullptr, Nn, Cc, P);
+    TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
+  };
+  if (!pb) {
+    launch(OW{});
+    return;
+  }
+  visit_dtype(j.db.dtype(), [&](auto tag) {
+    using OB = decltype(tag);
+    if constexpr (std::is_same_v<OB, bf16> || std::is_same_v<OB, f16> ||
+                  std::is_same_v<OB, float> || std::is_same_v<OB, double>)
+      launch(OB{});
+  });
+}
+
+template <class T, Kind K> void run_bwd_rows(const Job& j) {
+  using C = compute_t<T>;
+  constexpr int V = kV<T>, NVmax = kBwdVecs<T>;
+  const T* x = static_cast<const T*>(j.x);
+  const T* w = static_cast<const T*>(j.w);
+  const T* dy = static_cast<const T*>(j.dy);
+  T* dx = static_cast<T*>(j.y);
+  const C* mean = static_cast<const C*>(j.mean);
+  const C* rstd = static_cast<const C*>(j.rstd);
+  const Tensor& like = (*j.in)[0];
+  const C inv_d = static_cast<C>(1.0 / static_cast<double>(j.L));
+  const bool vec = aligned16(x) && aligned16(dy) && aligned16(dx) && (!w || aligned16(w)) &&
+                   j.L % V == 0;
+  const bool need_w = j.dw.defined(), need_b = j.db.defined();
+  const int64_t nv = ceil_div(j.L, V);
+  const int tl = log2_for(nv, NVmax);
+  bool rows = (int64_t{1} << tl) <= kBwdMaxThreads;
+  if (rows) {
+    const int tpr = 1 << tl;
+    const int threads = std::max(kBlock, tpr);
+    const int gpb = threads / tpr;
+    const int64_t row_blocks = ceil_div(j.R, gpb);
+    if (row_blocks < kMinRowBlocks && j.L >= kSplitMinLen) rows = false;
+    if (rows) {
+      const int64_t P = std::min(row_blocks, kBwdMaxBlocks);
+      Tensor hw, hb;
+      C* pdw = need_w ? scratch<C>(hw, P * j.L, like) : nullptr;
+      C* pdb = need_b ? scratch<C>(hb, P * j.L, like) : nullptr;
+      with_vecs<NVmax>(ceil_div(nv, tpr), [&](auto nvc) {
+        constexpr int NV = decltype(nvc)::value;
+        const size_t smem =
+            need_w || need_b ? 2 * static_cast<size_t>(threads) * NV * V * sizeof(C) : 0;
+        bwd_rows_kernel<T, K, NV><<<static_cast<unsigned>(P), threads, smem, j.st>>>(
+            x, w, mean, rstd, dy, dx, pdw, pdb, j.R, j.L, tl, inv_d, vec);
+        TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
+      });
+      fold_partials<C, T>(j, pdw, pdb, P, j.L, 1);
+      return;
+    }
+  }
+  // Chunks: (nch, sets) blocks for the sums, each set of rows one partial row of dw/db (at most
+  // a quarter of the rows, so the partials stay small against the tensors).
+  constexpr int64_t cb = static_cast<int64_t>(kBlock) * NVmax * V;
+  const int64_t nch = ceil_div(j.L, cb);
+  int64_t sets = std::max<int64_t>(1, ceil_div(kTargetBlocks, nch));
+  if (need_w || need_b) sets = std::min(sets, ceil_div(j.R, 4));
+  sets = std::min({sets, j.R, int64_t{65535}});
+  Tensor hs, hw, hb;
+  C* ps = scratch<C>(hs, j.R * nch * 2, like);
+  C* pdw = need_w ? scratch<C>(hw, sets * j.L, like) : nullptr;
+  C* pdb = need_b ? scratch<C>(hb, sets * j.L, like) : nullptr;
+  const dim3 grid(grid1(j.name, nch), static_cast<unsigned>(sets));
+  const size_t smem =
+      need_w || need_b ? 2 * static_cast<size_t>(kBlock) * NVmax * V * sizeof(C) : 0;
+  bwd_chunk_sums_kernel<T, K><<<grid, kBlock, smem, j.st>>>(x, w, mean, rstd, dy, ps, pdw, pdb,
+                                                            j.R, j.L, nch, vec);
+  TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
+  Tensor hpre;
+  C* pre = nullptr;
+  if (nch > kInlineMerge) {
+    pre = scratch<C>(hpre, j.R * 2, like);
+    sums_merge_kernel<T><<<grid1(j.name, j.R), kBlock, 0, j.st>>>(ps, ps + 1, 2, nch, nullptr, 1,
+                                                                  1, 1, pre);
+    TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
+  }
+  bwd_chunk_dx_kernel<T, K><<<grid1(j.name, j.R * nch), kBlock, 0, j.st>>>(
+      x, w, mean, rstd, dy, ps, pre, dx, j.L, nch, inv_d, vec);
+  TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
+  fold_partials<C, T>(j, pdw, pdb, sets, j.L, 1);
+}
+
+template <class T> void run_bwd_group(const Job& j) {
+  using C = compute_t<T>;
+  constexpr int V = kV<T>, NU = kFwdVecs<T>;
+  const T* x = static_cast<const T*>(j.x);
+  const T* w = static_cast<const T*>(j.w);
+  const T* dy = static_cast<const T*>(j.dy);
+  T* dx = static_cast<T*>(j.y);
+  const C* mean = static_cast<const C*>(j.mean);
+  const C* rstd = static_cast<const C*>(j.rstd);
+  const Tensor& like = (*j.in)[0];
+  const bool need_b = j.db.defined();
+  // Sums: a channel run is one item of tpu threads, or P pieces of one block each.
+  constexpr int64_t ps_max = static_cast<int64_t>(kBlock) * NU * V;
+  const int64_t P = ceil_div(j.S, ps_max);
+  const int64_t ps = P > 1 ? ps_max : j.S;
+  const int tpu_log2 = P > 1 ? 8 : log2_for(ceil_div(j.S, V * NU), 1);
+  const int64_t items = j.N * j.Cn * P;
+  const bool vec_s = aligned16(x) && aligned16(dy) && j.S % V == 0;
+  Tensor hu, hq, hdy;
+  C* pu = scratch<C>(hu, items, like);
+  C* pq = scratch<C>(hq, items, like);
+  C* pdy = need_b ? scratch<C>(hdy, items, like) : nullptr;
+  gn_bwd_sums_kernel<T><<<grid1(j.name, ceil_div(items, kBlock >> tpu_log2)), kBlock, 0, j.st>>>(
+      x, dy, mean, rstd, pu, pq, pdy, items, j.Cn, j.S, j.G, j.Cg, P, ps, tpu_log2, vec_s);
+  TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
+  // dx: rows of L in chunks of tpr threads' registers.
+  const int tl = std::min(8, log2_for(ceil_div(j.L, V), NU));
+  const int64_t cs = (int64_t{1} << tl) * NU * V;
+  const int64_t nch = ceil_div(j.L, cs);
+  const int64_t dx_items = j.R * nch;
+  const bool vec_l = aligned16(x) && aligned16(dy) && aligned16(dx) && j.L % V == 0;
+  const C inv_m = static_cast<C>(1.0 / static_cast<double>(j.L));
+  Tensor hpre;
+  C* pre = nullptr;
+  if (j.Cg * P > kInlineMerge) {
+    pre = scratch<C>(hpre, j.R * 2, like);
+    sums_merge_kernel<T><<<grid1(j.name, j.R), kBlock, 0, j.st>>>(pu, pq, 1, j.Cg * P, w, j.G,
+                                                                  j.Cg, P, pre);
+    TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
+  }
+  gn_bwd_dx_kernel<T><<<grid1(j.name, ceil_div(dx_items, kBlock >> tl)), kBlock, 0, j.st>>>(
+      x, w, mean, rstd, dy, pu, pq, pre, dx, dx_items, j.L, nch, j.S, j.G, j.Cg, P, tl, inv_m,
+      vec_l);
+  TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
+  fold_partials<C, T>(j, j.dw.defined() ? pq : nullptr, pdy, j.N, j.Cn, P);
+}
+
+template <class T> constexpr bool kIsFloatT =
+    std::is_same_v<T, bf16> || std::is_same_v<T, f16> || std::is_same_v<T, float> ||
+    std::is_same_v<T, double>;
+
+/// Checks an optional parameter (w or b): x's dtype, `len` elements, contiguous.
+void check_param(const char* name, const char* what, const Tensor& p, const Tensor& x,
+                 int64_t len) {
+  TAPER_CHECK(p.dtype() == x.dtype() && static_cast<int64_t>(p.elem_count()) == len, name, ": ",
+              what, " must be ", dtype_name(x.dtype()), " with ", len, " elements; got ",
+              dtype_name(p.dtype()), " ", p.shape().to_string());
+  TAPER_ASSERT(p.is_contiguous());
+}
+
+/// The (R, L) view of x and, for group norm, (N, C, S, G); statistics' shape.
+void plan_rows(Kind kind, const char* name, const Tensor& x, const OpAttrs& a, Job& j,
+               Shape& stat_shape) {
+  if (kind == Kind::kGroup) {
+    TAPER_CHECK(x.rank() >= 2 && a.i0 > 0, name, ": needs x of rank >= 2 and num_groups > 0; got ",
+                x.shape().to_string(), " and ", a.i0);
+    j.N = static_cast<int64_t>(x.dims()[0]);
+    j.Cn = static_cast<int64_t>(x.dims()[1]);
+    j.G = a.i0;
+    TAPER_CHECK(j.Cn % j.G == 0, name, ": ", j.Cn, " channels do not split into ", j.G,
+                " groups");
+    j.S = 1;
+    for (size_t k = 2; k < x.rank(); ++k) j.S *= static_cast<int64_t>(x.dims()[k]);
+    j.Cg = j.Cn / j.G;
+    j.R = j.N * j.G;
+    j.L = j.Cg * j.S;
+    stat_shape = Shape({static_cast<size_t>(j.N), static_cast<size_t>(j.G)});
+  } else {
+    j.L = x.rank() ? static_cast<int64_t>(x.dims().back()) : 1;
+    stat_shape = rows_shape(x);
+    j.R = static_cast<int64_t>(stat_shape.elem_count());
+  }
+}
+
+/// rms_norm: in = {x, w}, out {y, rstd}; layer_norm / group_norm: in = {x, w, b}, out
+/// {y, mean, rstd}; attrs.f0 = eps, attrs.i0 = num_groups (group norm).
+std::vector<Tensor> norm_fwd(Kind kind, const char* name, const std::vector<Tensor>& in,
+                             const OpAttrs& a) {
+  const Tensor& x = in[0];
+  TAPER_ASSERT(x.is_contiguous());
+  Job j;
+  j.name = name;
+  j.in = &in;
+  j.st = stream_of(x);
+  j.eps = a.f0;
+  Shape stat_shape;
+  plan_rows(kind, name, x, a, j, stat_shape);
+  const int64_t plen = kind == Kind::kGroup ? j.Cn : j.L;
+  if (has(in, 1)) {
+    check_param(name, "w", in[1], x, plen);
+    j.w = in[1].data_ptr();
+  }
+  if (kind != Kind::kRms && has(in, 2)) {
+    check_param(name, "b", in[2], x, plen);
+    j.b = in[2].data_ptr();
+  }
+  const DType sd = stat_dtype(x.dtype());
+  Tensor y = new_output(x.shape(), x.dtype(), x);
+  Tensor mean = kind == Kind::kRms ? Tensor() : new_output(stat_shape, sd, x);
+  Tensor rstd = new_output(stat_shape, sd, x);
+  std::vector<Tensor> out = kind == Kind::kRms ? std::vector<Tensor>{y, rstd}
+                                               : std::vector<Tensor>{y, mean, rstd};
+  if (j.R == 0) return out;
+  if (j.L == 0) {  // statistics of nothing: NaN (all-ones bits), as 0 / 0 on the CPU
+    fill_bytes(mean, 0xff);
+    fill_bytes(rstd, 0xff);
+    return out;
+  }
+  j.x = x.data_ptr();
+  j.y = y.data_ptr();
+  j.mean = mean.defined() ? mean.data_ptr() : nullptr;
+  j.rstd = rstd.data_ptr();
+  visit_dtype(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (kIsFloatT<T>) {
+      switch (kind) {
+        case Kind::kRms: run_fwd<T, Kind::kRms>(j); break;
+        case Kind::kLayer: run_fwd<T, Kind::kLayer>(j); break;
+        case Kind::kGroup: run_fwd<T, Kind::kGroup>(j); break;
+      }
+    }
+  });
+  return out;
+}
+
+/// rms_norm_bwd: in = {x, w, rstd, dy} -> {dx, dw}; layer/group_norm_bwd: in = {x, w, mean,
+/// rstd, dy} -> {dx, dw, db}. attrs.ints = {need dw, need db}; db in attrs.dtype.
+std::vector<Tensor> norm_bwd(Kind kind, const char* name, const std::vector<Tensor>& in,
+                             const OpAttrs& a) {
+  const Tensor& x = in[0];
+  TAPER_ASSERT(x.is_contiguous());
+  const bool rms = kind == Kind::kRms;
+  const Tensor& rstd = in[rms ? 2 : 3];
+  const Tensor& dy = in[rms ? 3 : 4];
+  Job j;
+  j.name = name;
+  j.in = &in;
+  j.st = stream_of(x);
+  Shape stat_shape;
+  plan_rows(kind, name, x, a, j, stat_shape);
+  const DType sd = stat_dtype(x.dtype());
+  TAPER_CHECK(dy.shape() == x.shape() && dy.dtype() == x.dtype(), name, ": dy ",
+              dy.shape().to_string(), " ", dtype_name(dy.dtype()), " must match x ",
+              x.shape().to_string(), " ", dtype_name(x.dtype()));
+  TAPER_CHECK(rstd.dtype() == sd && static_cast<int64_t>(rstd.elem_count()) == j.R, name,
+              ": rstd must be ", dtype_name(sd), " with ", j.R, " elements; got ",
+              dtype_name(rstd.dtype()), " ", rstd.shape().to_string());
+  if (!rms)
+    TAPER_CHECK(in[2].dtype() == sd && static_cast<int64_t>(in[2].elem_count()) == j.R, name,
+                ": mean must be ", dtype_name(sd), " with ", j.R, " elements; got ",
+                dtype_name(in[2].dtype()), " ", in[2].shape().to_string());
+  const int64_t plen = kind == Kind::kGroup ? j.Cn : j.L;
+  const bool hw = has(in, 1);
+  if (hw) {
+    check_param(name, "w", in[1], x, plen);
+    j.w = in[1].data_ptr();
+  }
+  const bool need_w = hw && a.ints.size() > 0 && a.ints[0] != 0;
+  const bool need_b = !rms && a.ints.size() > 1 && a.ints[1] != 0;
+  TAPER_CHECK(!need_b || is_float(a.dtype), name, ": db dtype must be a float dtype, got ",
+              dtype_name(a.dtype));
+  const Shape pshape({static_cast<size_t>(plen)});
+  Tensor dx = new_output(x.shape(), x.dtype(), x);
+  if (need_w) j.dw = new_output(pshape, in[1].dtype(), x);
+  if (need_b) j.db = new_output(pshape, a.dtype, x);
+  std::vector<Tensor> out = rms ? std::vector<Tensor>{dx, j.dw}
+                                : std::vector<Tensor>{dx, j.dw, j.db};
+  if (x.elem_count() == 0) {  // no rows, or rows of nothing: dw/db are empty sums
+    fill_bytes(j.dw, 0);
+    fill_bytes(j.db, 0);
+    return out;
+  }
+  TAPER_ASSERT(dy.is_contiguous() && rstd.is_contiguous() && (rms || in[2].is_contiguous()));
+  j.x = x.data_ptr();
+  j.dy = dy.data_ptr();
+  j.y = dx.data_ptr();
+  j.mean = rms ? nullptr : in[2].data_ptr();
+  j.rstd = rstd.data_ptr();
+  visit_dtype(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (kIsFloatT<T>) {
+      switch (kind) {
+        case Kind::kRms: run_bwd_rows<T, Kind::kRms>(j); break;
+        case Kind::kLayer: run_bwd_rows<T, Kind::kLayer>(j); break;
+        case Kind::kGroup: run_bwd_group<T>(j); break;
+      }
+    }
+  });
+  return out;
+}
+
+std::vector<Tensor> rms_norm_kernel(const std::vector<Tensor>& in, const OpAttrs& a) {
+  return norm_fwd(Kind::kRms, "rms_norm", in, a);
+}
+std::vector<Tensor> layer_norm_kernel(const std::vector<Tensor>& in, const OpAttrs& a) {
+  return norm_fwd(Kind::kLayer, "layer_norm", in, a);
+}
+std::vector<Tensor> group_norm_kernel(const std::vector<Tensor>& in, const OpAttrs& a) {
+  return norm_fwd(Kind::kGroup, "group_norm", in, a);
+}
+std::vector<Tensor> rms_norm_bwd_kernel(const std::vector<Tensor>& in, const OpAttrs& a) {
+  return norm_bwd(Kind::kRms, "rms_norm_bwd", in, a);
+}
+std::vector<Tensor> layer_norm_bwd_kernel(const std::vector<Tensor>& in, const OpAttrs& a) {
+  return norm_bwd(Kind::kLayer, "layer_norm_bwd", in, a);
+}
+std::vector<Tensor> group_norm_bwd_kernel(const std::vector<Tensor>& in, const OpAttrs& a) {
+  return norm_bwd(Kind::kGroup, "group_norm_bwd", in, a);
+}
+
+struct NormRegistrar {
+  NormRegistrar() {
+    register_kernel(OpId::rms_norm, DeviceKind::Cuda, kFloatDTypes, &rms_norm_kernel, true);
+    register_kernel(OpId::layer_norm, DeviceKind::Cuda, kFloatDTypes, &layer_norm_kernel, true);
+    register_kernel(OpId::group_norm, DeviceKind::Cuda, kFloatDTypes, &group_norm_kernel, true);
+    register_kernel(OpId::rms_norm_bwd, DeviceKind::Cuda, kFloatDTypes, &rms_norm_bwd_kernel,
+                    true);
+    register_kernel(OpId::layer_norm_bwd, DeviceKind::Cuda, kFloatDTypes, &layer_norm_bwd_kernel,
+                    true);
+    register_kernel(OpId::group_norm_bwd, DeviceKind::Cuda, kFloatDTypes, &group_norm_bwd_kernel,
+                    true);
+  }
+};
+const NormRegistrar g_norm_registrar;
+
+}  // namespace
+}  // namespace taper::cuda
