@@ -18,20 +18,21 @@
 //   BM_cuda_matmul_cublas/<dt> cublasGemmEx on the same shapes, on its own handle configured as
 //                              taper's (taper's stream, the same math mode and compute type);
 //                              target taper >= 95% of it
-//   BM_cuda_<op>_<fwd|fwd_bwd>_<fused|composed>/<dt>/<shape>
-//                              softmax_last_dim, rms_norm, layer_norm at (16384, 1024) and
-//                              group_norm at (8, 32, 64, 64) with 8 groups, f32 and bf16; bytes
-//                              as bench_fused.cpp's minimal_bytes; counter fused_kernel = 1 when
-//                              a fused CUDA kernel exists (0: both paths ran the composed form)
+// `bench_cuda --fused-table FILE` instead writes the fused-against-composed table (CSV; see
+// run_fused_table), timed with CUDA events and the L2 flushed, by the method of
+// scripts/bench_fused_torch.py; scripts/h200_report.py renders both as docs/benchmarks-h200.md.
 // What it is not: a correctness check (tests/ do that).
 #include <benchmark/benchmark.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <stdexcept>
 #include <cstdint>
-#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "taper/taper.h"
@@ -237,7 +238,15 @@ void run_matmul_cublas(benchmark::State& st, DType dt) {
   matmul_counters(st);
 }
 
-// ---- fused against composed (forward, and forward+backward via y.backward(up)).
+// ---- fused against composed: the table mode (--fused-table FILE), timed by the method of
+// scripts/bench_fused_torch.py so its rows sit beside PyTorch's, torch.compile's and Liger's:
+// CUDA events on taper's stream around each call, the L2 cache flushed before every timed
+// iteration (a 256 MiB buffer summed, outside the events: reading it leaves clean lines, where a
+// memset would leave 50 MB of dirty lines for the timed call to write back), 5 warm-up calls,
+// the median of
+// kTableIters timed calls. The copy ceiling is a 1 GiB device-to-device copy timed the same way.
+// Every row: op, dtype, shape, path (fused/composed), pass (fwd/fwd_bwd), median us, minimal
+// bytes, fused_kernel (1 when a fused CUDA kernel ran, 0 when both paths ran the composed form).
 
 enum class Op { Softmax, RmsNorm, LayerNorm, GroupNorm };
 
@@ -258,14 +267,15 @@ const char* op_name(Op op) {
   return "?";
 }
 
-OpId op_id(Op op) {
+/// The fused op and its backward op (both must have a CUDA kernel for fused_kernel = 1).
+std::pair<OpId, OpId> op_ids(Op op) {
   switch (op) {
-    case Op::Softmax: return OpId::softmax_last_dim;
-    case Op::RmsNorm: return OpId::rms_norm;
-    case Op::LayerNorm: return OpId::layer_norm;
-    case Op::GroupNorm: return OpId::group_norm;
+    case Op::Softmax: return {OpId::softmax_last_dim, OpId::softmax_last_dim_bwd};
+    case Op::RmsNorm: return {OpId::rms_norm, OpId::rms_norm_bwd};
+    case Op::LayerNorm: return {OpId::layer_norm, OpId::layer_norm_bwd};
+    case Op::GroupNorm: return {OpId::group_norm, OpId::group_norm_bwd};
   }
-  return OpId::softmax_last_dim;
+  return {OpId::softmax_last_dim, OpId::softmax_last_dim_bwd};
 }
 
 std::string shape_name(const Case& c) {
@@ -286,7 +296,8 @@ size_t param_len(const Case& c) { return c.op == Op::GroupNorm ? c.shape[1] : c.
 
 // Minimal bytes of one call, as bench_fused.cpp (s = dtype size, n = elements, p = param_len):
 // softmax 2ns / 5ns; rms_norm 2ns + ps / 5ns + 3ps; layer and group norm 2ns + 2ps / 5ns + 5ps
-// (forward / forward+backward); saved statistics are not counted.
+// (forward / forward+backward: x read, y written; then x, dy read again and dx written);
+// saved statistics are not counted.
 double minimal_bytes(const Case& c, bool bwd) {
   const double s = static_cast<double>(taper::dtype_size(c.dt));
   const double n = static_cast<double>(numel(c.shape));
@@ -302,7 +313,7 @@ double minimal_bytes(const Case& c, bool bwd) {
 
 Tensor make_randn(const std::vector<size_t>& shape, DType dt, uint64_t seed, double mean = 0.0,
                   double std = 1.0) {
-  // Drawn in f32 on the device, then rounded once, so both dtypes see the same values.
+  // Drawn in f32 on the device, then rounded once, so every dtype sees the same values.
   Tensor t = Tensor::randn(Shape(shape), DType::F32, kGpu, seed, mean, std);
   return dt == DType::F32 ? t : t.to_dtype(dt);
 }
@@ -320,61 +331,119 @@ Tensor apply(const Case& c, bool fused, const Tensor& x, const Tensor& w, const 
   return {};
 }
 
-void fused_counters(benchmark::State& st, const Case& c, bool bwd, bool fused) {
-  st.SetBytesProcessed(
-      static_cast<int64_t>(minimal_bytes(c, bwd) * static_cast<double>(st.iterations())));
-  if (fused)
-    st.counters["fused_kernel"] = taper::has_kernel(op_id(c.op), kGpu, c.dt) ? 1.0 : 0.0;
-}
-
-void run_fused(benchmark::State& st, const Case& c, bool bwd, bool fused) {
-  if (!have_gpu(st)) return;
-  const size_t p = param_len(c);
-  const bool has_w = c.op != Op::Softmax;
-  const bool has_b = c.op == Op::LayerNorm || c.op == Op::GroupNorm;
-  if (!bwd) {
-    const Tensor x = make_randn(c.shape, c.dt, 11);
-    const Tensor w = has_w ? make_randn({p}, c.dt, 12, 1.0, 0.1) : Tensor();
-    const Tensor b = has_b ? make_randn({p}, c.dt, 13, 0.0, 0.1) : Tensor();
-    { Tensor warm = apply(c, fused, x, w, b); }
-    sync();
-    for (auto _ : st) {
-      Tensor y = apply(c, fused, x, w, b);
-      sync();
-      benchmark::DoNotOptimize(y.data_ptr());
-    }
-  } else {
-    const Var x = Var::from_tensor(make_randn(c.shape, c.dt, 11));
-    Var w, b;
-    if (has_w) w = Var::from_tensor(make_randn({p}, c.dt, 12, 1.0, 0.1));
-    if (has_b) b = Var::from_tensor(make_randn({p}, c.dt, 13, 0.0, 0.1));
-    const Tensor up = make_randn(c.shape, c.dt, 14);
-    { taper::GradStore warm = apply(c, fused, x, w, b).backward(up); }
-    sync();
-    for (auto _ : st) {
-      Tensor y = apply(c, fused, x, w, b);
-      taper::GradStore g = y.backward(up);
-      sync();
-      std::optional<Tensor> gx = g.get(x);
-      if (!gx) {
-        st.SkipWithError("no gradient reached x");
-        break;
-      }
-      benchmark::DoNotOptimize(gx->data_ptr());
-    }
-  }
-  fused_counters(st, c, bwd, fused);
-}
-
-std::vector<Case> fused_cases() {
+/// The table's rows; scripts/bench_fused_torch.py's cases() lists the same ones.
+std::vector<Case> table_cases() {
   std::vector<Case> out;
-  for (DType dt : {DType::F32, DType::BF16}) {
-    out.push_back({Op::Softmax, {16384, 1024}, 0, dt});
-    out.push_back({Op::RmsNorm, {16384, 1024}, 0, dt});
-    out.push_back({Op::LayerNorm, {16384, 1024}, 0, dt});
-    out.push_back({Op::GroupNorm, {8, 32, 64, 64}, 8, dt});
+  const std::vector<std::vector<size_t>> rows = {{16384, 1024}, {4096, 16384}};
+  for (DType dt : {DType::BF16, DType::F32}) {
+    for (Op op : {Op::Softmax, Op::RmsNorm, Op::LayerNorm})
+      for (const std::vector<size_t>& shape : rows) out.push_back({op, shape, 0, dt});
+    out.push_back({Op::GroupNorm, {16, 32, 256, 256}, 8, dt});
+    out.push_back({Op::GroupNorm, {16, 512, 64, 64}, 32, dt});
+    out.push_back({Op::GroupNorm, {1, 16, 256, 256}, 4, dt});
   }
+  for (Op op : {Op::Softmax, Op::RmsNorm, Op::LayerNorm})
+    out.push_back({op, {16384, 1024}, 0, DType::F64});
+  out.push_back({Op::GroupNorm, {16, 32, 256, 256}, 8, DType::F64});
   return out;
+}
+
+constexpr int kTableIters = 50;
+constexpr int kTableWarmup = 5;
+
+/// Times `fn` (which queues work on taper's stream) by the table's method; returns the median
+/// in microseconds.
+template <class Fn> double time_events(const Fn& fn, const Tensor& flush) {
+  const cudaStream_t s = taper::cuda::stream(0);
+  for (int i = 0; i < kTableWarmup; ++i) fn();
+  sync();
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess)
+    throw std::runtime_error("bench_cuda: cudaEventCreate failed");
+  std::vector<double> us;
+  for (int i = 0; i < kTableIters; ++i) {
+    { Tensor t = flush.sum({0}); }  // reads the buffer: the L2 holds clean lines of it after
+    cudaEventRecord(e0, s);
+    fn();
+    cudaEventRecord(e1, s);
+    cudaEventSynchronize(e1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    us.push_back(1000.0 * ms);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  std::sort(us.begin(), us.end());
+  return 0.5 * (us[(us.size() - 1) / 2] + us[us.size() / 2]);
+}
+
+int run_fused_table(const std::string& path) {
+  if (!taper::device_available(DeviceKind::Cuda)) {
+    std::fprintf(stderr, "bench_cuda --fused-table: no CUDA device present\n");
+    return 1;
+  }
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) {
+    std::fprintf(stderr, "bench_cuda: cannot write %s\n", path.c_str());
+    return 1;
+  }
+  const Tensor flush = Tensor::zeros(Shape({size_t{64} << 20}), DType::F32, kGpu);  // 256 MiB
+  std::fprintf(f, "op,dtype,shape,path,pass,median_us,bytes,fused_kernel\n");
+  {  // the copy ceiling: 1 GiB, bytes read + written
+    const size_t bytes = size_t{1} << 30;
+    const Tensor src = Tensor::empty(Shape({bytes}), DType::U8, kGpu);
+    const Tensor dst = Tensor::empty(Shape({bytes}), DType::U8, kGpu);
+    const double us = time_events(
+        [&] {
+          cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), bytes, cudaMemcpyDeviceToDevice,
+                          taper::cuda::stream(0));
+        },
+        flush);
+    std::fprintf(f, "copy,u8,%zu,copy,fwd,%.2f,%zu,0\n", bytes, us, 2 * bytes);
+    std::fprintf(stderr, "copy 1 GiB: %.1f us = %.0f GB/s\n", us, 2e-3 * bytes / us);
+  }
+  for (const Case& c : table_cases()) {
+    const size_t p = param_len(c);
+    const bool has_w = c.op != Op::Softmax;
+    const bool has_b = c.op == Op::LayerNorm || c.op == Op::GroupNorm;
+    const auto [fwd_id, bwd_id] = op_ids(c.op);
+    for (bool bwd : {false, true}) {
+      for (bool fused : {true, false}) {
+        double us = 0;
+        if (!bwd) {
+          const Tensor x = make_randn(c.shape, c.dt, 11);
+          const Tensor w = has_w ? make_randn({p}, c.dt, 12, 1.0, 0.1) : Tensor();
+          const Tensor b = has_b ? make_randn({p}, c.dt, 13, 0.0, 0.1) : Tensor();
+          us = time_events([&] { Tensor y = apply(c, fused, x, w, b); }, flush);
+        } else {
+          const Var x = Var::from_tensor(make_randn(c.shape, c.dt, 11));
+          Var w, b;
+          if (has_w) w = Var::from_tensor(make_randn({p}, c.dt, 12, 1.0, 0.1));
+          if (has_b) b = Var::from_tensor(make_randn({p}, c.dt, 13, 0.0, 0.1));
+          const Tensor up = make_randn(c.shape, c.dt, 14);
+          us = time_events(
+              [&] {
+                taper::GradStore g = apply(c, fused, x, w, b).backward(up);
+                if (!g.get(x)) throw std::runtime_error("bench_cuda: no gradient reached x");
+              },
+              flush);
+        }
+        const bool kernel = fused && taper::has_kernel(fwd_id, kGpu, c.dt) &&
+                            (!bwd || taper::has_kernel(bwd_id, kGpu, c.dt));
+        std::fprintf(f, "%s,%s,%s,%s,%s,%.2f,%.0f,%d\n", op_name(c.op),
+                     std::string(taper::dtype_name(c.dt)).c_str(), shape_name(c).c_str(),
+                     fused ? "fused" : "composed", bwd ? "fwd_bwd" : "fwd", us,
+                     minimal_bytes(c, bwd), kernel ? 1 : 0);
+        std::fflush(f);
+        std::fprintf(stderr, "%s %s %s %s %s: %.1f us (%.0f GB/s)\n", op_name(c.op),
+                     std::string(taper::dtype_name(c.dt)).c_str(), shape_name(c).c_str(),
+                     fused ? "fused" : "composed", bwd ? "fwd_bwd" : "fwd", us,
+                     1e-3 * minimal_bytes(c, bwd) / us);
+      }
+    }
+  }
+  std::fclose(f);
+  return 0;
 }
 
 void register_all() {
@@ -396,24 +465,21 @@ void register_all() {
       run_matmul_cublas(st, dt);
     })->UseRealTime()->Unit(ms);
   }
-  for (const Case& c : fused_cases()) {
-    const std::string tail = "/" + std::string(taper::dtype_name(c.dt)) + "/" + shape_name(c);
-    for (bool bwd : {false, true}) {
-      for (bool fused : {true, false}) {
-        const std::string name = std::string("BM_cuda_") + op_name(c.op) +
-                                 (bwd ? "_fwd_bwd_" : "_fwd_") + (fused ? "fused" : "composed") +
-                                 tail;
-        benchmark::RegisterBenchmark(name.c_str(), [c, bwd, fused](benchmark::State& st) {
-          run_fused(st, c, bwd, fused);
-        })->UseRealTime()->Unit(ms);
-      }
-    }
-  }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::string(argv[i]) == "--fused-table") {
+      taper::set_cuda_allow_tf32(false);
+      try {
+        return run_fused_table(argv[i + 1]);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "bench_cuda --fused-table: %s\n", e.what());
+        return 1;
+      }
+    }
   register_all();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

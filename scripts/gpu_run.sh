@@ -5,9 +5,11 @@
 # their logs to $OUT:
 #   test       the CUDA suites and the device-aware CPU ones (TEST_FILTER overrides)
 #   all-tests  the whole suite
-#   sanitize   compute-sanitizer memcheck and racecheck on the CUDA suites (SANITIZE_FILTER)
-#   bench      bench_cuda (JSON + console)
+#   sanitize   compute-sanitizer memcheck (SANITIZE_FILTER) and racecheck (RACECHECK_FILTER)
+#   bench      bench_cuda (primitives JSON; the fused table CSV), PyTorch / torch.compile / Liger
+#              (scripts/bench_fused_torch.py) and the rendered benchmarks-h200.md
 #   finetune   the main job for 20 steps on the GPU, then on the CPU (MODEL_DIR)
+#   main       the whole main job on the GPU (seeds 1, 2) and a GPU -> CPU resume
 # Usage: bash scripts/gpu_run.sh test sanitize bench
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -57,21 +59,44 @@ for step in "$@"; do
       grep -E '^\[  FAILED  \]' "$OUT/test_all.log" | cut -c1-150 | head -40
       ;;
     sanitize)
+      # racecheck is far slower than memcheck: by default it runs the suites whose kernels share
+      # memory between threads (reductions, the fused ops' direct cases and f32 forwards, optim).
       for tool in memcheck racecheck; do
-        log "compute-sanitizer $tool (at most ${SANITIZE_SECONDS:-150} s)"
-        timeout "${SANITIZE_SECONDS:-150}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
-          ./build/gpu/tests/taper_tests --gtest_filter="${SANITIZE_FILTER:-Cuda*}" --gtest_brief=1 \
+        filter=${SANITIZE_FILTER:-Cuda*}
+        [ "$tool" = racecheck ] &&
+          filter=${RACECHECK_FILTER:-CudaFused.*:CudaReduce.*:CudaOptim.*:Cuda/CudaFusedForward.*_f32_contiguous}
+        log "compute-sanitizer $tool on $filter (at most ${SANITIZE_SECONDS:-150} s)"
+        # stdbuf: what a capped run printed before it was stopped is kept
+        timeout "${SANITIZE_SECONDS:-150}" stdbuf -oL compute-sanitizer --tool "$tool" --error-exitcode 9 \
+          ./build/gpu/tests/taper_tests --gtest_filter="$filter" --gtest_brief=1 \
           >"$OUT/sanitize_$tool.log" 2>&1
         log "compute-sanitizer $tool rc=$? : $(grep -E 'ERROR SUMMARY' "$OUT/sanitize_$tool.log" | tail -1); $(counts "$OUT/sanitize_$tool.log")"
       done
       ;;
     bench)
-      log "bench_cuda"
+      log "bench_cuda (primitives)"
       ./build/gpu/benches/bench_cuda --benchmark_min_time=0.2 --benchmark_repetitions=3 \
         --benchmark_report_aggregates_only=true --benchmark_out="$OUT/bench_cuda.json" \
         --benchmark_out_format=json >"$OUT/bench_cuda.txt" 2>&1
       log "bench_cuda rc=$?"
-      grep -E "median" "$OUT/bench_cuda.txt" | head -60
+      grep -E "median" "$OUT/bench_cuda.txt" | head -20
+      log "bench_cuda --fused-table"
+      ./build/gpu/benches/bench_cuda --fused-table "$OUT/fused_taper.csv" 2>"$OUT/fused_taper.log"
+      log "fused table rc=$?"
+      if [ "${BENCH_TORCH:-1}" = 1 ]; then
+        # PyTorch, torch.compile and Liger-Kernel (its source in .liger/src when carried there)
+        log "bench_fused_torch.py"
+        PYTHONPATH=$PWD/.liger/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 \
+          timeout "${TORCH_BENCH_SECONDS:-400}" python3 scripts/bench_fused_torch.py \
+          --budget-s "${TORCH_COMPILE_SECONDS:-200}" >"$OUT/fused_torch.csv" 2>"$OUT/fused_torch.log"
+        log "bench_fused_torch rc=$?"
+      fi
+      T=(); [ -s "$OUT/fused_torch.csv" ] && T=(--torch "$OUT/fused_torch.csv")
+      python3 scripts/h200_report.py --taper "$OUT/fused_taper.csv" "${T[@]}" \
+        --json "$OUT/bench_cuda.json" --commit "${TAPER_COMMIT:-unknown}" \
+        --gpu "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)" \
+        >"$OUT/benchmarks-h200.md" 2>&1
+      log "report rc=$?"
       ;;
     finetune)
       # The same 20 steps on the GPU and on the CPU; MODEL_DIR may point at a copy of the model
@@ -84,6 +109,25 @@ for step in "$@"; do
         log "finetune $dev rc=$?"
         grep -E "^(model|step|fine-tuned|summary)" "$OUT/finetune_$dev.log"
       done
+      ;;
+    main)
+      # The whole main job on the GPU (default flags, seeds 1 and 2), then a checkpoint written
+      # on the GPU half-way and resumed on the CPU, which must reach the same accuracy.
+      M=${MODEL_DIR:-.models/all-MiniLM-L6-v2}
+      for seed in 1 2; do
+        log "main job on cuda, seed $seed"
+        ./build/gpu/examples/finetune --device cuda --model-dir "$M" --seed "$seed" \
+          --out "/tmp/main_cuda_$seed.safetensors" >"$OUT/main_cuda_$seed.log" 2>&1
+        log "main cuda seed $seed rc=$?"
+        grep -E "^(baseline|fine-tuned|summary)" "$OUT/main_cuda_$seed.log"
+      done
+      log "cross-device resume: 100 steps on cuda, the other 100 on cpu"
+      ./build/gpu/examples/finetune --device cuda --model-dir "$M" --stop-after 100 \
+        --out /tmp/half.safetensors >"$OUT/resume_cuda.log" 2>&1 &&
+        ./build/gpu/examples/finetune --device cpu --model-dir "$M" --resume /tmp/half.safetensors \
+          --out /tmp/resumed.safetensors >"$OUT/resume_cpu.log" 2>&1
+      log "resume rc=$?"
+      grep -E "^(resume|fine-tuned|summary)" "$OUT/resume_cpu.log"
       ;;
     *) echo "gpu_run: unknown step $step"; exit 2 ;;
   esac
