@@ -17,8 +17,10 @@
 // one), accumulated in the compute type: f32 (half types too), f64 for f64.
 // bf16/f16: both operands widen (exactly) to f32 panels, sgemm accumulates in f32, and each
 // output element is rounded once to nearest-even.
-// What it is not: BLAS thread control (the thread pool sets openblas_set_num_threads) or a
-// GEMM of our own; integer matmul is not registered.
+// GEMMs run as a fixed grid of C tiles on taper's pool, each tile a single-threaded BLAS call
+// (OpenBLAS runs with one thread: its own split depends on the thread count, and so did the
+// bits), so products are bit-identical whatever the thread count.
+// What it is not: a GEMM of our own; integer matmul is not registered.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/matmul.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -241,8 +243,11 @@ void gemv(bool trans, size_t rows, size_t cols, const G* a, size_t ld, const G* 
   }
 }
 
+/// The tile of C one BLAS call computes (see gemm).
+constexpr size_t kTileM = 128, kTileN = 512;
+
 /// c (m x n, row stride ldc) = op(a) (m x k) * op(b) (k x n). A matrix-vector product (n == 1 or
-/// m == 1) goes to gemv (see the header comment), the rest to BLAS.
+/// m == 1) goes to gemv (see the header comment), the rest to BLAS on a fixed grid of tiles.
 template <class G>
 void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, size_t m, size_t n, size_t k, const G* a,
           size_t lda, const G* b, size_t ldb, G* c, size_t ldc) {
@@ -250,8 +255,24 @@ void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, size_t m, size_t n, size_t k, 
     return gemv(ta == CblasTrans, m, k, a, lda, b, tb == CblasNoTrans ? ldb : 1, c, ldc);
   if (m == 1)  // c[j] = sum_i op(b)[i, j] * op(a)[0, i], i.e. op(b)^T times op(a)'s row
     return gemv(tb == CblasNoTrans, n, k, b, ldb, a, ta == CblasNoTrans ? 1 : lda, c, 1);
+  // A fixed grid of (kTileM x kTileN) tiles of C, each one single-threaded BLAS call over the
+  // whole K, run on taper's pool: the grid depends on the shape alone, so every element is
+  // computed by the same call whatever the thread count (OpenBLAS's own threads split K and M
+  // by the count: 859 of 8192 elements of a (64, 256) x (256, 128) product differed between 3
+  // and 4 threads). Tile (i, j) reads op(a)'s rows [i kTileM, ...) and op(b)'s columns
+  // [j kTileN, ...): for a stored transposed those start at column i kTileM, resp. row j kTileN.
+  const size_t tm = (m + kTileM - 1) / kTileM, tn = (n + kTileN - 1) / kTileN;
   const auto bi = [](size_t v) { return static_cast<blasint>(v); };
-  gemm_blas(ta, tb, bi(m), bi(n), bi(k), a, bi(lda), b, bi(ldb), c, bi(ldc));
+  parallel_for(tm * tn, 1, [&](size_t t0, size_t t1) {
+    for (size_t t = t0; t < t1; ++t) {
+      const size_t r0 = t / tn * kTileM, c0 = t % tn * kTileN;
+      const size_t rm = std::min(kTileM, m - r0), cn = std::min(kTileN, n - c0);
+      const G* ap = ta == CblasNoTrans ? a + r0 * lda : a + r0;
+      const G* bp = tb == CblasNoTrans ? b + c0 : b + c0 * ldb;
+      gemm_blas(ta, tb, bi(rm), bi(cn), bi(k), ap, bi(lda), bp, bi(ldb), c + r0 * ldc + c0,
+                bi(ldc));
+    }
+  });
 }
 
 /// One operand matrix as GEMM sees it: a base pointer and a BLAS view, pointing either into the

@@ -85,7 +85,8 @@ class Pool {
 
   void start_workers(size_t n) {
     nthreads_ = n;
-    openblas_set_num_threads(static_cast<int>(nthreads_));
+    // BLAS is called from the pool's threads on fixed tiles (matmul.cpp): one thread each.
+    openblas_set_num_threads(1);
     stop_ = false;
     for (size_t i = 1; i < nthreads_; ++i) workers_.emplace_back([this] { worker_loop(); });
   }
