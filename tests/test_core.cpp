@@ -366,6 +366,27 @@ TEST(Storage, CacheReusesFreedBlocks) {
   EXPECT_EQ(reinterpret_cast<uintptr_t>(u.data_ptr()) % 64, 0u);
 }
 
+// The counters behind finetune's peak-memory figure: bytes held by live tensors, and the most
+// held at once since reset_peak_memory (with the cache on or off).
+TEST(Storage, MemoryStatsCountLiveBytesAndThePeak) {
+  const Device cpu = Device::cpu();
+  reset_peak_memory(cpu);
+  const MemoryStats s0 = memory_stats(cpu);
+  EXPECT_EQ(s0.peak, s0.in_use);
+  {
+    Tensor a = Tensor::empty({1000}, DType::F32, cpu);
+    Tensor b = Tensor::empty({500}, DType::F64, cpu);
+    EXPECT_EQ(memory_stats(cpu).in_use, s0.in_use + 8000);
+  }
+  const MemoryStats s1 = memory_stats(cpu);
+  EXPECT_EQ(s1.in_use, s0.in_use);
+  EXPECT_EQ(s1.peak, s0.in_use + 8000);
+  { Tensor c = Tensor::empty({10}, DType::F32, cpu); }
+  EXPECT_EQ(memory_stats(cpu).peak, s0.in_use + 8000);  // a smaller block leaves the peak
+  reset_peak_memory(cpu);
+  EXPECT_EQ(memory_stats(cpu).peak, s0.in_use);
+}
+
 TEST(Print, ShowsShapeDTypeDeviceAndValues) {
   std::ostringstream os;
   os << Tensor::arange(0, 6, 1, DType::F32).reshape({2, 3});

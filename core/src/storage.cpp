@@ -68,6 +68,11 @@ class Cache {
                 " bytes asked for, ", be.free_bytes(dev_), " bytes free (after emptying the "
                 "allocator's cache)");
     if (guard) std::memset(static_cast<char*>(p) + nbytes, kGuardByte, kGuard);
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      in_use_ += nbytes;
+      peak_ = std::max(peak_, in_use_);
+    }
     return p;
   }
 
@@ -85,11 +90,14 @@ class Cache {
       }
     }
     const size_t cls = size_class(std::max<size_t>(1, nbytes + (guard ? kGuard : 0)));
-    if (enabled_) {
+    {
       std::lock_guard<std::mutex> gl(mu_);
-      free_[cls].push_back(p);
-      cached_ += cls;
-      return;
+      in_use_ -= nbytes;
+      if (enabled_) {
+        free_[cls].push_back(p);
+        cached_ += cls;
+        return;
+      }
     }
     be.raw_free(dev_, p);
   }
@@ -108,12 +116,24 @@ class Cache {
     return cached_;
   }
 
+  MemoryStats stats() {
+    std::lock_guard<std::mutex> g(mu_);
+    return MemoryStats{in_use_, peak_, cached_};
+  }
+
+  void reset_peak() {
+    std::lock_guard<std::mutex> g(mu_);
+    peak_ = in_use_;
+  }
+
  private:
   Device dev_;
   bool enabled_ = true;
   std::mutex mu_;
   std::unordered_map<size_t, std::vector<void*>> free_;
   size_t cached_ = 0;
+  size_t in_use_ = 0;  ///< bytes asked for by the live blocks
+  size_t peak_ = 0;    ///< the most in_use_ since the start or reset_peak
 };
 
 Cache& cache(Device dev) {
@@ -134,6 +154,8 @@ void* device_alloc(Device dev, size_t nbytes) { return cache(dev).alloc(nbytes);
 void device_free(Device dev, void* p, size_t nbytes) { cache(dev).free(p, nbytes); }
 void device_cache_trim(Device dev) { cache(dev).trim(); }
 size_t device_cache_bytes(Device dev) { return cache(dev).cached(); }
+MemoryStats memory_stats(Device dev) { return cache(dev).stats(); }
+void reset_peak_memory(Device dev) { cache(dev).reset_peak(); }
 
 void* host_alloc(size_t nbytes) { return device_alloc(Device::cpu(), nbytes); }
 void host_free(void* p, size_t nbytes) { device_free(Device::cpu(), p, nbytes); }

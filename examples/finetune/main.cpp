@@ -9,7 +9,8 @@
 // (bit for bit): the batch order is a function of (seed, step), every dropout mask of
 // (seed, step), and the schedule of the step. Fine-tuning starts from the baseline's head
 // (linear probing, then fine-tuning), so the gain over the baseline is the encoder's.
-// `--bench-forward` instead times the encoder's forward (sentences/s).
+// `--bench-forward` instead times the encoder's forward (sentences/s), `--bench-train` a training
+// step (ms per step, tokens/s, peak device memory).
 // What it is not: a general trainer; the task, the model and the head are fixed here.
 // Shape letters: B batch, T tokens, E hidden size, C classes.
 #include <algorithm>
@@ -71,6 +72,7 @@ struct Flags {
   size_t words = 48;
   size_t test_limit = 0;  // 0: the whole test set
   bool bench_forward = false;
+  bool bench_train = false;
   std::set<std::string> given;  // flags set on the command line
 };
 
@@ -108,6 +110,10 @@ first a baseline (frozen encoder + trained linear head), then the whole model.
   --bench-forward       only time the encoder forward (mean pooling included) at --batch x
                         --seq-len (here 32 x 128 unless given), median of 5 runs (--steps N:
                         N runs), and print sentences/s
+  --bench-train         only time training steps (forward, backward, AdamW; the model's
+                        weights, random token ids and labels) at --batch x --seq-len, median
+                        of 20 steps after 3 warm-up steps (--steps N: N steps), and print ms
+                        per step, tokens/s and the step's peak device memory
   --help                this text
 )";
 
@@ -175,8 +181,10 @@ Flags parse_flags(int argc, char** argv) {
     else if (arg == "--words") f.words = to_u64(next());
     else if (arg == "--test-limit") f.test_limit = to_u64(next());
     else if (arg == "--bench-forward") f.bench_forward = true;
+    else if (arg == "--bench-train") f.bench_train = true;
     else usage_error("unknown flag '" + arg + "'");
     if (has_value && arg == "--bench-forward") usage_error("--bench-forward takes no value");
+    if (has_value && arg == "--bench-train") usage_error("--bench-train takes no value");
   }
   if (f.device != "cpu" && f.device != "cuda" && f.device != "auto")
     usage_error("--device must be cpu, cuda or auto, got '" + f.device + "'");
@@ -478,6 +486,15 @@ double baseline(Classifier& model, Batcher& train_b, Batcher& test_b, const Corp
   return test_acc;
 }
 
+/// Random token ids in the vocabulary's word range, (b, t) on dev: the cost does not depend on
+/// the ids.
+Tensor random_ids(size_t b, size_t t, uint64_t seed, Device dev) {
+  const std::vector<float> r =
+      Tensor::rand({b * t}, DType::F32, Device::cpu(), seed, 1000, 30000).to_vector<float>();
+  const std::vector<uint32_t> ids(r.begin(), r.end());
+  return Tensor::from_vector(ids, Shape({b, t}), dev);
+}
+
 int bench_forward(const Flags& f, Device dev, DType dt, const fs::path& model_dir) {
   auto model = BertModel::from_pretrained(model_dir, dt);
   model->to(dev);
@@ -485,12 +502,7 @@ int bench_forward(const Flags& f, Device dev, DType dt, const fs::path& model_di
   // sentence-transformers' usual benchmark shape unless --batch / --seq-len say otherwise.
   const size_t b = f.given.count("--batch") ? f.batch : 32;
   const size_t t = f.given.count("--seq-len") ? f.seq_len : 128;
-  // Random ids in the vocabulary's word range, every token attended: the cost does not depend
-  // on the ids.
-  const std::vector<float> r = Tensor::rand({b * t}, DType::F32, Device::cpu(), f.seed, 1000, 30000)
-                                   .to_vector<float>();
-  std::vector<uint32_t> ids(r.begin(), r.end());
-  const Tensor x = Tensor::from_vector(ids, Shape({b, t}), dev);
+  const Tensor x = random_ids(b, t, f.seed, dev);  // every token attended
   const Tensor m = Tensor::ones(Shape({b, t}), DType::U8, dev);
   NoGradGuard ng;
   auto run = [&] { return model->encode(x, m).to_vector<float>(); };
@@ -515,6 +527,54 @@ int bench_forward(const Flags& f, Device dev, DType dt, const fs::path& model_di
   return 0;
 }
 
+/// Times training steps of the classifier on the pretrained encoder: one step is the forward,
+/// cross entropy, backward and AdamW, ending when the loss is on the host (so the device's work
+/// of the step is done). Reports the median of --steps (default 20) after 3 warm-up steps, and
+/// the most device memory live tensors held during one step.
+int bench_train(const Flags& f, Device dev, DType dt, const fs::path& model_dir) {
+  nn::manual_seed(f.seed);
+  const BertConfig config = BertConfig::from_json_file(model_dir / "config.json");
+  Classifier model(config, dt, 6);
+  model.bert->load_pretrained(model_dir / "model.safetensors");
+  model.to(dev);
+  model.train();
+  nn::AdamW opt(param_groups(model), nn::AdamWOptions(f.lr).weight_decay(f.weight_decay));
+  const size_t b = f.batch, t = f.seq_len;
+  const Tensor ids = random_ids(b, t, f.seed, dev);
+  const Tensor mask = Tensor::ones(Shape({b, t}), DType::U8, dev);
+  std::vector<int64_t> lab(b);
+  for (size_t i = 0; i < b; ++i) lab[i] = static_cast<int64_t>(i % 6);
+  const Tensor labels = Tensor::from_vector(lab, Shape({b}), dev);
+  auto step = [&] {
+    const Tensor loss = nn::cross_entropy(model.classify(model.embed(ids, mask)), labels);
+    GradStore g = loss.backward();
+    opt.step(g);
+    return loss.item();
+  };
+  for (int i = 0; i < 3; ++i) step();  // warm-up: allocator cache, BLAS buffers, cuBLAS plans
+  const int reps = std::max(1, static_cast<int>(f.given.count("--steps") ? f.steps : 20));
+  reset_peak_memory(dev);
+  const size_t base = memory_stats(dev).in_use;  // the model and the optimizer's state
+  std::vector<double> times;
+  double loss = 0.0;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = Clock::now();
+    loss = step();
+    times.push_back(since(t0));
+  }
+  std::sort(times.begin(), times.end());
+  const double med = times[times.size() / 2];
+  const MemoryStats ms = memory_stats(dev);
+  std::printf("bench-train: MiniLM-L6 + head (%s, %s) batch %zu x seq %zu, %zu threads: median "
+              "%.2f ms per step over %d steps (min %.2f) -> %.0f tokens/s; peak memory %.1f MiB "
+              "(%.1f MiB of it weights and optimizer state); last loss %.4f\n",
+              f.dtype.c_str(), dev.to_string().c_str(), b, t, taper::num_threads(), 1e3 * med,
+              reps, 1e3 * times.front(), static_cast<double>(b * t) / med,
+              static_cast<double>(ms.peak) / (1 << 20), static_cast<double>(base) / (1 << 20),
+              loss);
+  return 0;
+}
+
 int run(Flags f) {
   const auto t_start = Clock::now();
   const Device dev = pick_device(f.device);
@@ -531,6 +591,7 @@ int run(Flags f) {
 
   if (f.out.empty()) f.out = (root / "build/finetune/checkpoint.safetensors").string();
   if (f.bench_forward) return bench_forward(f, dev, f.dtype == "bf16" ? DType::BF16 : DType::F32, model_dir);
+  if (f.bench_train) return bench_train(f, dev, f.dtype == "bf16" ? DType::BF16 : DType::F32, model_dir);
 
   std::optional<safetensors::File> ckpt;
   if (!f.resume.empty()) ckpt = open_checkpoint(f);
@@ -614,11 +675,13 @@ int run(Flags f) {
     if (done % f.log_every == 0 || done == f.steps) {
       const double el = since(t_train), w = since(t_window);
       const double per_step = el / static_cast<double>(done - start_step);
-      std::printf("step %5lld/%lld  loss %.4f  lr %.3e  %6.0f tok/s  elapsed %s  ETA %s\n",
+      std::printf("step %5lld/%lld  loss %.4f  lr %.3e  %6.0f tok/s  elapsed %s  ETA %s  "
+                  "peak %.0f MiB\n",
                   static_cast<long long>(done), static_cast<long long>(f.steps),
                   window_loss / static_cast<double>(window_n), lr,
                   static_cast<double>(window_tokens) / w, hms(el).c_str(),
-                  hms(per_step * static_cast<double>(f.steps - done)).c_str());
+                  hms(per_step * static_cast<double>(f.steps - done)).c_str(),
+                  static_cast<double>(memory_stats(dev).peak) / (1 << 20));
       std::fflush(stdout);
       window_loss = 0.0;
       window_n = 0;

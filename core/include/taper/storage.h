@@ -44,6 +44,17 @@ void device_cache_trim(Device dev);
 /// Bytes held in `dev`'s cache (free blocks waiting for reuse).
 size_t device_cache_bytes(Device dev);
 
+/// Bytes of `dev` held by live tensors (as asked for, before size-class rounding), the most held
+/// at once since the start or the last reset_peak_memory, and the cache's free bytes: what
+/// PyTorch's memory_allocated / max_memory_allocated report.
+struct MemoryStats {
+  size_t in_use = 0;
+  size_t peak = 0;
+  size_t cached = 0;
+};
+MemoryStats memory_stats(Device dev);
+void reset_peak_memory(Device dev);
+
 /// Host memory (device_alloc on the CPU): 64-byte aligned, cached by size class, with a guard
 /// after each block checked at free. Used by the CPU backend and for staging.
 void* host_alloc(size_t nbytes);
