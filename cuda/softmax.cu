@@ -46,16 +46,18 @@
 // every run.
 //
 // Precision: C throughout (bf16/f16 widen exactly to f32; f64 is f64 with f64 constants, exp and
-// log), rounded once at the store with round_to<T> (f16 through the hardware conversions, which
-// give the same bits for every value but NaN: see load_c / store_c). exp is the CUDA library's expf / exp (2 ulp,
-// 1 ulp; --fmad=false leaves its own fmas alone), with results below the smallest normal (x - m
-// below ln FLT_MIN, resp. ln DBL_MIN) flushed to 0 as the CPU's ExpNoSubnormal does. The sums:
-// the CPU's MulAdd / NegMulAdd are fmas here too (sum dy * y, dy - y * sum dy).
+// log), rounded once at the store: round_to<T>, or for bf16/f16 the hardware conversions, which
+// give round_to's bits for every value but NaN (NaN goes through round_to; see load_c, store_c,
+// pack_half2). exp is the CUDA library's expf / exp (2 ulp, 1 ulp; --fmad=false leaves its own
+// fmas alone), with results below the smallest normal (x - m below ln FLT_MIN, resp. ln DBL_MIN)
+// flushed to 0 as the CPU's ExpNoSubnormal does. The CPU's MulAdd / NegMulAdd are fmas here too
+// (sum dy * y, dy - y * sum dy).
 // Special values as the CPU: a row with a NaN, an all -inf row or a row holding +inf gives NaN
 // everywhere (written explicitly); its saved m is NaN, -inf, +inf respectively (NaN wins when a
 // row holds both a NaN and an infinity) and l = 0; rows of length 0 save (-inf, 0). The backward
 // writes NaN over every row whose saved m is not finite.
 #include <cooperative_groups.h>
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -223,7 +225,7 @@ struct ClusterTeam {
   }
 };
 
-// ---- loads and stores --------------------------------------------------------------------------
+// ---- loads and stores ------------------------------------------------------------------------
 
 /// A storage value in the compute type: widen, with f16 through the hardware conversion (exact,
 /// as widen; the portable bit manipulation would make the f16 kernels bound by integer ops).
@@ -250,14 +252,37 @@ __device__ __forceinline__ void load_vec(const T* p, compute_t<T> (&v)[kVec<T>])
   for (int l = 0; l < kVec<T>; ++l) v[l] = load_c(e[l]);
 }
 
+/// Two f32 values rounded once to the half type T and packed (a in the low half): the paired
+/// hardware conversion (cvt.rn.bf16x2.f32 / cvt.rn.f16x2.f32, round_to's bits for every value
+/// but NaN), round_to itself when either is NaN.
+template <class T> __device__ __forceinline__ uint32_t pack_half2(float a, float b) {
+  uint32_t w;
+  if (__builtin_expect(a != a || b != b, 0)) {
+    w = static_cast<uint32_t>(round_to<T>(a).bits) |
+        static_cast<uint32_t>(round_to<T>(b).bits) << 16;
+  } else if constexpr (std::is_same_v<T, bf16>) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    memcpy(&w, &h, 4);
+  } else {
+    const __half2 h = __floats2half2_rn(a, b);
+    memcpy(&w, &h, 4);
+  }
+  return w;
+}
+
 /// One aligned 16-byte vector, each value rounded once. kLast: streaming store.
 template <bool kLast, class T>
 __device__ __forceinline__ void store_vec(T* p, const compute_t<T> (&v)[kVec<T>]) {
-  T e[kVec<T>];
-#pragma unroll
-  for (int l = 0; l < kVec<T>; ++l) e[l] = store_c<T>(v[l]);
   uint4 w;
-  memcpy(&w, &e[0], 16);
+  if constexpr (is_half_v<T>) {
+    w = make_uint4(pack_half2<T>(v[0], v[1]), pack_half2<T>(v[2], v[3]),
+                   pack_half2<T>(v[4], v[5]), pack_half2<T>(v[6], v[7]));
+  } else {
+    T e[kVec<T>];
+#pragma unroll
+    for (int l = 0; l < kVec<T>; ++l) e[l] = v[l];
+    memcpy(&w, &e[0], 16);
+  }
   if (kLast) __stcs(reinterpret_cast<uint4*>(p), w);
   else *reinterpret_cast<uint4*>(p) = w;
 }
@@ -333,7 +358,7 @@ template <class T> struct RowArgs {
   bool vec;
 };
 
-// ---- on-chip rows ------------------------------------------------------------------------------
+// ---- on-chip rows ----------------------------------------------------------------------------
 
 /// One row (row < R when active) held in registers by `team`. Every thread of the team runs the
 /// same reductions whatever its row holds (inactive rows too); only memory accesses are guarded.
@@ -474,7 +499,7 @@ __global__ void __launch_bounds__(kRowBlock, 3) block_rows_kernel(RowArgs<T> a) 
     onchip_row<T, K, kAl>(a, row, true, team);
 }
 
-// ---- streamed rows -------------------------------------------------------------------------------
+// ---- streamed rows ---------------------------------------------------------------------------
 
 /// NU vectors of one step: vector j + u * B (u < NU) of the row, those at or past hi filled.
 template <bool kLast, int NU, class T>
