@@ -2,6 +2,7 @@
 // (fan-in, detach, no-grad, a 100 000-op chain, graph release), storage, and printing.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -134,6 +135,25 @@ TEST(Sizes, HugeAllocationsAreOutOfMemoryErrorsNotHangs) {
     EXPECT_TRUE(e.find("out of memory") != std::string::npos || e.find("2^60") != std::string::npos)
         << n << ": " << e;
   }
+}
+
+// Issue 15 item 8: clamp with a NaN bound says so; a rank-0 reduction takes dims 0 and -1 only
+// (PyTorch's rule).
+TEST(Errors, NanClampBoundsAndRankZeroReductionDims) {
+  const Tensor x = Tensor::ones({3}, DType::F32);
+  const double nan = std::nan("");
+  std::string e = error_of([&] { x.clamp(nan, nan); });
+  EXPECT_NE(e.find("clamp: a bound is NaN (lo nan, hi nan)"), std::string::npos) << e;
+  e = error_of([&] { x.clamp(0.0, nan); });
+  EXPECT_NE(e.find("clamp: a bound is NaN"), std::string::npos) << e;
+  const Tensor s = Tensor::full(Shape(std::vector<size_t>{}), 2.5, DType::F32, Device::cpu());
+  ASSERT_EQ(s.rank(), 0u);
+  EXPECT_EQ(s.sum({0}).item(), 2.5);
+  EXPECT_EQ(s.sum({-1}).item(), 2.5);
+  e = error_of([&] { s.sum({1}); });
+  EXPECT_NE(e.find("sum: dim 1 out of range for a rank-0 tensor"), std::string::npos) << e;
+  e = error_of([&] { s.max({-2}); });
+  EXPECT_NE(e.find("max: dim -2 out of range for a rank-0 tensor"), std::string::npos) << e;
 }
 
 // ---- threads ------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -115,6 +116,25 @@ TEST(NnSafetensors, RoundTripEveryDtypeThroughAFile) {
   EXPECT_THROW(st::save({{"__metadata__", base}}, path), Error);
   EXPECT_THROW(st::save({{std::string("bad\xff"), base}}, path), Error);
   EXPECT_THROW(st::save({{"a", base}}, dir.file("no/such/dir/x.safetensors")), Error);
+}
+
+// save writes a temporary of its own beside the target and renames it: a user's file named
+// "<path>.tmp" is neither overwritten nor deleted, and nothing else is left in the folder.
+TEST(NnSafetensors, SaveLeavesAUsersTmpFileAlone) {
+  TempDir dir;
+  const std::string path = dir.file("m.safetensors");
+  write_file(path + ".tmp", {'m', 'i', 'n', 'e'});
+  st::save({{"a", random_tensor({2, 3}, DType::F32, 4)}}, path);
+  std::ifstream f(path + ".tmp", std::ios::binary);
+  const std::string kept((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(kept, "mine");
+  size_t files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(std::filesystem::path(path).parent_path())) {
+    (void)e;
+    ++files;
+  }
+  EXPECT_EQ(files, 2u);  // the saved file and the user's
+  EXPECT_EQ(st::File::open(path).names(), std::vector<std::string>{"a"});
 }
 
 TEST(NnSafetensors, WrittenBytesFollowTheFormat) {
@@ -256,7 +276,8 @@ TEST(NnSafetensors, ValidationNamesFileAndTensor) {
   expect_error(image("{" + entry("w", "F32", "[1]", "[0,4]") + "}", d8), {"cover 4 bytes of a 8-byte"});
   expect_error(image("{}", {1}), {"cover 0 bytes of a 1-byte"});
   // Metadata.
-  expect_error(image("{\"__metadata__\":{\"a\":1}}"), {"__metadata__ entry 'a'"});
+  expect_error(image("{\"__metadata__\":{\"a\":1}}"),
+               {"__metadata__ entry 'a' must be a string, got an integer"});
   expect_error(image("{\"__metadata__\":[]}"), {"__metadata__ must be an object"});
   // A missing file.
   EXPECT_THROW(st::File::open("/nonexistent/taper.safetensors"), Error);

@@ -1,6 +1,7 @@
 // tensor_ops.cpp: the op methods of Tensor: argument checks with messages that name the op,
 // shapes and dtypes, broadcasting, then dispatch. No maths here.
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "taper/autograd.h"
@@ -47,7 +48,11 @@ std::vector<int64_t> norm_dims(const std::vector<int64_t>& dims, size_t rank, co
 
 Tensor reduce(OpId op, const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   const char* name = op_name(op).data();
-  if (x.rank() == 0) return reduce(op, x.reshape(Shape({1})), {0}, false);
+  if (x.rank() == 0) {  // a scalar: dims may name only 0 or -1, as in PyTorch
+    for (int64_t d : dims)
+      TAPER_CHECK(d == 0 || d == -1, name, ": dim ", d, " out of range for a rank-0 tensor");
+    return reduce(op, x.reshape(Shape({1})), {0}, false);
+  }
   OpAttrs a;
   a.ints = norm_dims(dims, x.rank(), name);
   a.flag = keepdim;
@@ -101,6 +106,8 @@ Tensor Tensor::affine(double mul, double add) const {
   return unary(OpId::affine, *this, a);
 }
 Tensor Tensor::clamp(double lo, double hi) const {
+  TAPER_CHECK(!std::isnan(lo) && !std::isnan(hi), "clamp: a bound is NaN (lo ", lo, ", hi ", hi,
+              ")");
   TAPER_CHECK(lo <= hi, "clamp: lo ", lo, " > hi ", hi);
   OpAttrs a;
   a.f0 = lo;

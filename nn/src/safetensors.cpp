@@ -13,10 +13,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <string>
 
 #include "json.h"
 
@@ -26,6 +28,11 @@ static_assert(std::endian::native == std::endian::little,
               "safetensors stores little-endian data; big-endian hosts would need byte swaps");
 
 namespace {
+
+/// "an integer", "an object", "an array", "a string": a JSON kind with its article.
+std::string with_article(const char* kind) {
+  return std::string(std::strchr("aeiou", kind[0]) ? "an " : "a ") + kind;
+}
 
 struct DTypeTag {
   const char* tag;
@@ -155,18 +162,18 @@ void File::parse() {
   for (const auto& [name, v] : root.object) {
     if (name == "__metadata__") {
       if (v.kind != nn::json::Value::Kind::Object)
-        fail_file(path_, std::string("__metadata__ must be an object of strings, got a ") +
-                             v.kind_name());
+        fail_file(path_, std::string("__metadata__ must be an object of strings, got ") +
+                             with_article(v.kind_name()));
       for (const auto& [k, s] : v.object) {
         if (s.kind != nn::json::Value::Kind::String)
-          fail_file(path_, "__metadata__ entry '" + k + "' must be a string, got a " +
-                               s.kind_name());
+          fail_file(path_, "__metadata__ entry '" + k + "' must be a string, got " +
+                               with_article(s.kind_name()));
         metadata_[k] = s.str;
       }
       continue;
     }
     if (v.kind != nn::json::Value::Kind::Object)
-      fail_tensor(path_, name, std::string("entry must be an object, got a ") + v.kind_name());
+      fail_tensor(path_, name, std::string("entry must be an object, got ") + with_article(v.kind_name()));
     const nn::json::Value* dt = nullptr;
     const nn::json::Value* shape = nullptr;
     const nn::json::Value* offs = nullptr;
@@ -345,10 +352,25 @@ std::vector<uint8_t> serialize(const std::vector<std::pair<std::string, Tensor>>
 void save(const std::vector<std::pair<std::string, Tensor>>& tensors, const std::string& path,
           const std::map<std::string, std::string>& metadata) {
   const std::vector<uint8_t> bytes = serialize(tensors, metadata);
-  const std::string tmp = path + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) throw Error("safetensors::save: '" + path + "': cannot open '" + tmp +
-                      "' for writing: " + std::strerror(errno));
+  // A temporary of a unique name beside the target (never a user's own "path.tmp"), renamed over
+  // it once written: a failed save leaves the old file as it was.
+  static std::atomic<unsigned> counter{0};
+  int fd = -1;
+  std::string tmp;
+  for (int attempt = 0; fd < 0 && attempt < 100; ++attempt) {
+    tmp = path + ".tmp." + std::to_string(getpid()) + "." + std::to_string(counter++);
+    fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);  // 0666 & ~umask
+    if (fd < 0 && errno != EEXIST) break;
+  }
+  if (fd < 0) throw Error("safetensors::save: '" + path + "': cannot create a temporary file '" +
+                          tmp + "': " + std::strerror(errno));
+  FILE* f = fdopen(fd, "wb");
+  if (!f) {
+    const int e = errno;
+    close(fd);
+    std::remove(tmp.c_str());
+    throw Error("safetensors::save: '" + path + "': cannot open '" + tmp + "': " + std::strerror(e));
+  }
   const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
   const bool closed = std::fclose(f) == 0;
   if (!ok || !closed) {
