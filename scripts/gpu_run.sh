@@ -10,6 +10,8 @@
 #              (scripts/bench_fused_torch.py) and the rendered benchmarks-h200.md
 #   finetune   the main job for 20 steps on the GPU, then on the CPU (MODEL_DIR)
 #   main       the whole main job on the GPU (seeds 1, 2) and a GPU -> CPU resume
+#   train      issue 17's table: taper's --bench-train / --bench-forward cells on the GPU, then
+#              PyTorch's (scripts/bench_train_torch.py, which does not import taper) beside them
 # Usage: bash scripts/gpu_run.sh test sanitize bench
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -128,6 +130,24 @@ for step in "$@"; do
           --out /tmp/resumed.safetensors >"$OUT/resume_cpu.log" 2>&1
       log "resume rc=$?"
       grep -E "^(resume|fine-tuned|summary)" "$OUT/resume_cpu.log"
+      ;;
+    train)
+      M=${MODEL_DIR:-.models/all-MiniLM-L6-v2}
+      FT=./build/gpu/examples/finetune
+      for cell in "train 16 64 f32" "train 128 128 f32" "train 16 64 bf16" "train 128 128 bf16" \
+                  "forward 32 128 f32" "forward 512 128 f32" "forward 32 128 bf16" \
+                  "forward 512 128 bf16"; do
+        read -r kind b t dt <<<"$cell"
+        log "taper $kind $b x $t $dt"
+        $FT --device cuda --model-dir "$M" --bench-$kind --batch "$b" --seq-len "$t" --dtype "$dt" \
+          2>&1 | tee -a "$OUT/train_taper.log" | grep -E "^bench"
+      done
+      log "PyTorch (scripts/bench_train_torch.py)"
+      PYTHONUNBUFFERED=1 timeout "${TORCH_TRAIN_SECONDS:-300}" python3 scripts/bench_train_torch.py \
+        --model-dir "$M" --json "$OUT/train_torch.json" --time-budget "${TORCH_TRAIN_BUDGET:-240}" \
+        >"$OUT/train_torch.log" 2>&1
+      log "bench_train_torch rc=$?"
+      tail -12 "$OUT/train_torch.log"
       ;;
     *) echo "gpu_run: unknown step $step"; exit 2 ;;
   esac

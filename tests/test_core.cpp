@@ -14,15 +14,6 @@ namespace {
 
 Tensor f64(std::vector<double> v, const Shape& s) { return Tensor::from_vector(v, s); }
 
-template <class F> std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
-
 // ---- views --------------------------------------------------------------------------------------
 
 TEST(Views, TransposeNarrowBroadcastShareStorage) {
@@ -344,6 +335,23 @@ TEST(Autograd, VarSetKeepsIdentity) {
   EXPECT_EQ(x.id(), id);
   EXPECT_EQ(x.to_vector<double>(), (std::vector<double>{5, 6}));
   EXPECT_THROW(x.set(f64({1, 2, 3}, {3})), Error);
+}
+
+// Issue 15 item 3: a Var replaced between forward and backward. The graph computed 2 * 2, so
+// d(v*v)/dv is 4 (not 200, the gradient at the new value 100), and it still reaches v.
+TEST(Autograd, VarChangedAfterForwardKeepsTheGraphsValue) {
+  Var v = Var::from_tensor(f64({2}, {1}));
+  const Tensor l = (v * v).sum_all();
+  const Tensor m = v.exp().sum_all();  // a unary op's saved input, too
+  v.set(f64({100}, {1}));
+  GradStore g = l.backward();
+  ASSERT_TRUE(g.get(v).has_value());
+  EXPECT_EQ(g.get(v)->to_vector<double>(), (std::vector<double>{4}));
+  GradStore h = m.backward();
+  EXPECT_NEAR(h.get(v)->to_vector<double>()[0], std::exp(2.0), 1e-12);
+  // The next forward sees the new value.
+  EXPECT_EQ((*(v * v).sum_all().backward().get(v)).to_vector<double>(),
+            (std::vector<double>{200}));
 }
 
 TEST(Autograd, FusedOpsPassGradientToEveryInput) {

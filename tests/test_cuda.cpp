@@ -127,19 +127,6 @@ std::string param_name(std::string s) {
   return s;
 }
 
-template <class F> std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
 /// One tensor held the same way (shape, strides, offset) on the CPU and on the GPU.
 struct Both {
   Tensor cpu, gpu;

@@ -20,20 +20,6 @@ namespace {
 TAPER_COVERS(Forward, OpId::matmul, OpId::index_select, OpId::gather, OpId::scatter_add, OpId::cat,
              OpId::narrow_bwd);
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
 // ---- matmul -----------------------------------------------------------------------------------
 
 struct MatCase {

@@ -604,6 +604,25 @@ TEST(NnLoss, CrossEntropyGradient) {
   }
 }
 
+// Issue 15 item 8: a reduced loss is a rank-0 tensor, as PyTorch (cross_entropy and nll_loss
+// returned shape (1), mse_loss ()); its backward starts from a () gradient.
+TEST(NnLoss, ReducedLossesAreRankZero) {
+  const Tensor logits = random_tensor({4, 3}, DType::F32, 96);
+  const Tensor tgt = Tensor::from_vector(std::vector<int64_t>{2, 0, 1, -100}, {4});
+  for (Reduction r : {Reduction::Mean, Reduction::Sum}) {
+    EXPECT_EQ(cross_entropy(logits, tgt, CrossEntropyOptions().reduction(r)).rank(), 0u);
+    EXPECT_EQ(cross_entropy(logits, tgt, CrossEntropyOptions().reduction(r).label_smoothing(0.1))
+                  .rank(), 0u);
+    EXPECT_EQ(nll_loss(logits, tgt, NllLossOptions().reduction(r)).rank(), 0u);
+    EXPECT_EQ(mse_loss(logits, logits * 2.0, r).rank(), 0u);
+  }
+  EXPECT_EQ((logits.sum_all() / 3.0).rank(), 0u);
+  EXPECT_EQ((3.0 / logits.sum_all()).rank(), 0u);
+  Var v = Var::from_tensor(logits);
+  const Tensor l = cross_entropy(v, tgt);
+  EXPECT_EQ(l.backward(Tensor::ones({}, DType::F32)).get(v)->dims(), logits.dims());
+}
+
 TEST(NnLoss, NllAndMse) {
   const Tensor lp = ops::log_softmax_last_dim(random_tensor({4, 3}, DType::F64, 93));
   const Tensor tgt = Tensor::from_vector(std::vector<int64_t>{2, 0, 1, 1}, {4});

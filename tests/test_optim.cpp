@@ -168,6 +168,24 @@ TEST(NnOptim, SkipsParametersWithoutGradientAndHonoursGroups) {
   EXPECT_THROW(AdamW({a, a}), Error);
 }
 
+// Issue 15 item 3: an optimizer step between a forward and its backward. The backward is the
+// recorded graph's: the gradient at the weights the forward used, the same as without the step.
+TEST(NnOptim, StepBetweenForwardAndBackwardKeepsTheGraphsWeights) {
+  for (Device dev : test_devices()) {
+    SCOPED_TRACE(dev.to_string());
+    const Tensor x = random_tensor({4, 3}, DType::F32, dev, 1);
+    Var w = Var::from_tensor(random_tensor({3, 2}, DType::F32, dev, 2));
+    const std::vector<double> w0 = values(w);
+    const auto loss = [&] { return x.matmul(w).tanh().sum_all(); };
+    const std::vector<double> want = values(*loss().backward().get(w));
+    const Tensor l = loss();
+    AdamW opt({w}, AdamWOptions(0.5));
+    opt.step(grad_of(w, 1.0));
+    ASSERT_NE(values(w), w0);  // the step changed the weights
+    EXPECT_EQ(values(*l.backward().get(w)), want);
+  }
+}
+
 TEST(NnOptim, AccumulateThenStepEqualsSummedStep) {
   Var a = scalar_var(2.0), b = scalar_var(2.0);
   SGD oa({a}, SGDOptions(0.5)), ob({b}, SGDOptions(0.5));

@@ -34,6 +34,19 @@ template <class F> void for_each_target(F&& body) {
   }
 }
 
+/// The message of the taper::Error that f() throws, or "<no error>".
+template <class F> std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+inline bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
 /// Deterministic random CPU tensor, uniform in [lo, hi), rounded to `dt`.
 Tensor random_tensor(const Shape& s, DType dt, uint64_t seed, double lo = -2.0, double hi = 2.0);
 /// The same values as random_tensor on the CPU, placed on `dev`.

@@ -20,7 +20,7 @@ using Tensors = std::vector<Tensor>;
 
 Tensor mask_as(const Tensor& m, DType dt) { return m.to_dtype(dt); }
 Tensor scalar(const Tensor& like, double v) {
-  return Tensor::full(Shape({1}), v, like.dtype(), like.device());
+  return Tensor::full(Shape({}), v, like.dtype(), like.device());
 }
 bool has(const Tensor& t) { return t.defined() && t.elem_count() > 0; }
 
@@ -58,7 +58,7 @@ BWD(to_dtype) { return {g[0].to_dtype(in[0].dtype())}; }
 BWD(neg) { return {g[0].neg()}; }
 BWD(abs) {
   const Tensor& x = in[0];
-  const Tensor z = Tensor::zeros(Shape({1}), x.dtype(), x.device());
+  const Tensor z = Tensor::zeros(Shape({}), x.dtype(), x.device());
   const Tensor sign = mask_as(x.gt(z), x.dtype()) - mask_as(x.lt(z), x.dtype());
   return {g[0] * sign};
 }
@@ -72,7 +72,7 @@ BWD(tanh) { return {g[0] * (1.0 - out[0] * out[0])}; }
 BWD(sigmoid) { return {g[0] * out[0] * (1.0 - out[0])}; }
 BWD(relu) {
   const Tensor& x = in[0];
-  return {g[0] * mask_as(x.gt(Tensor::zeros(Shape({1}), x.dtype(), x.device())), x.dtype())};
+  return {g[0] * mask_as(x.gt(Tensor::zeros(Shape({}), x.dtype(), x.device())), x.dtype())};
 }
 BWD(gelu) {
   // y = 0.5 x (1 + tanh(u)), u = c (x + 0.044715 x^3)
@@ -115,17 +115,17 @@ BWD(mul) { return {g[0] * in[1], g[0] * in[0]}; }
 BWD(div) { return {g[0] / in[1], -(g[0] * out[0] / in[1])}; }
 BWD(maximum) {
   const Tensor m = in[0].ge(in[1]);  // ties: the gradient goes to the first operand
-  const Tensor z = Tensor::zeros(Shape({1}), g[0].dtype(), g[0].device()).broadcast_as(g[0].shape());
+  const Tensor z = Tensor::zeros(Shape({}), g[0].dtype(), g[0].device()).broadcast_as(g[0].shape());
   return {m.where_cond(g[0], z), m.where_cond(z, g[0])};
 }
 BWD(minimum) {
   const Tensor m = in[0].le(in[1]);
-  const Tensor z = Tensor::zeros(Shape({1}), g[0].dtype(), g[0].device()).broadcast_as(g[0].shape());
+  const Tensor z = Tensor::zeros(Shape({}), g[0].dtype(), g[0].device()).broadcast_as(g[0].shape());
   return {m.where_cond(g[0], z), m.where_cond(z, g[0])};
 }
 BWD(mul_add) { return {g[0] * in[1], g[0] * in[0], g[0]}; }
 BWD(where_cond) {
-  const Tensor z = Tensor::zeros(Shape({1}), g[0].dtype(), g[0].device()).broadcast_as(g[0].shape());
+  const Tensor z = Tensor::zeros(Shape({}), g[0].dtype(), g[0].device()).broadcast_as(g[0].shape());
   return {Tensor(), in[0].where_cond(g[0], z), in[0].where_cond(z, g[0])};
 }
 

@@ -3,6 +3,7 @@
 // Dispatch order: the kernel for (op, device kind, dtype); else, for a fused op, its composed
 // form; else an Error naming the op, device, dtype and shapes. A graph edge is recorded only when
 // recording is on and an input tracks gradients.
+#include <atomic>
 #include <sstream>
 
 #include "taper/autograd.h"
@@ -79,7 +80,14 @@ std::vector<Tensor> record(OpId op, const std::vector<Tensor>& in, std::vector<T
     auto node = std::make_shared<Node>();
     node->op = op;
     node->attrs = attrs;
-    node->inputs = in;
+    // A Var's value may be replaced (Var::set, an optimizer step) before backward runs: the
+    // node keeps the value it saw, under the Var's identity, so the gradient is the recorded
+    // graph's and accumulates for that Var.
+    node->inputs.reserve(in.size());
+    for (const Tensor& t : in)
+      node->inputs.push_back(t.defined() && t.impl_ptr()->is_var
+                                 ? Tensor(std::make_shared<TensorImpl>(*t.impl_ptr()))
+                                 : t);
     node->outputs.reserve(outs.size());
     for (const Tensor& o : outs) node->outputs.push_back(o.detach());
     for (int i = 0; i < d.n_out; ++i) {
@@ -93,6 +101,14 @@ std::vector<Tensor> record(OpId op, const std::vector<Tensor>& in, std::vector<T
   return outs;
 }
 }  // namespace detail
+
+namespace {
+std::atomic<uint64_t> t_kernel_calls[kNumDeviceKinds];
+}  // namespace
+
+uint64_t kernel_calls(DeviceKind kind) {
+  return t_kernel_calls[static_cast<int>(kind)].load(std::memory_order_relaxed);
+}
 
 std::vector<Tensor> dispatch(OpId op, const std::vector<Tensor>& in, const OpAttrs& attrs) {
   const OpDef& d = op_def(op);
@@ -114,6 +130,7 @@ std::vector<Tensor> dispatch(OpId op, const std::vector<Tensor>& in, const OpAtt
   }
   TAPER_CHECK(has, d.name, ": no kernel for dtype ", dtype_name(dt), " on device ",
               dev.to_string(), " (inputs: ", describe_inputs(in), ")");
+  t_kernel_calls[static_cast<int>(dev.kind())].fetch_add(1, std::memory_order_relaxed);
   std::vector<Tensor> outs;
   if (slot.needs_contiguous) {
     std::vector<Tensor> cin;

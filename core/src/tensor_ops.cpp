@@ -29,7 +29,8 @@ Tensor binary(OpId op, const Tensor& a, const Tensor& b) {
 }
 
 Tensor scalar_like(const Tensor& a, double s) {
-  return Tensor::full(Shape({1}), s, a.dtype(), a.device());
+  // Rank 0: broadcasts to a's shape, () included.
+  return Tensor::full(Shape({}), s, a.dtype(), a.device());
 }
 
 std::vector<int64_t> norm_dims(const std::vector<int64_t>& dims, size_t rank, const char* op) {

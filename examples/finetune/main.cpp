@@ -533,7 +533,9 @@ int bench_forward(const Flags& f, Device dev, DType dt, const fs::path& model_di
 /// the most device memory live tensors held during one step.
 int bench_train(const Flags& f, Device dev, DType dt, const fs::path& model_dir) {
   nn::manual_seed(f.seed);
-  const BertConfig config = BertConfig::from_json_file(model_dir / "config.json");
+  BertConfig config = BertConfig::from_json_file(model_dir / "config.json");
+  config.hidden_dropout_prob = f.dropout;  // the fine-tuning run's step: --dropout, default off
+  config.attention_probs_dropout_prob = 0.0;
   Classifier model(config, dt, 6);
   model.bert->load_pretrained(model_dir / "model.safetensors");
   model.to(dev);
@@ -545,24 +547,32 @@ int bench_train(const Flags& f, Device dev, DType dt, const fs::path& model_dir)
   std::vector<int64_t> lab(b);
   for (size_t i = 0; i < b; ++i) lab[i] = static_cast<int64_t>(i % 6);
   const Tensor labels = Tensor::from_vector(lab, Shape({b}), dev);
+  double host_s = 0.0;  // of the last step: until its last op was enqueued
+  uint64_t calls = 0;   // kernel calls of the last step
   auto step = [&] {
+    const auto t0 = Clock::now();
+    const uint64_t k0 = kernel_calls(dev.kind());
     const Tensor loss = nn::cross_entropy(model.classify(model.embed(ids, mask)), labels);
     GradStore g = loss.backward();
     opt.step(g);
+    host_s = since(t0);
+    calls = kernel_calls(dev.kind()) - k0;
     return loss.item();
   };
   for (int i = 0; i < 3; ++i) step();  // warm-up: allocator cache, BLAS buffers, cuBLAS plans
   const int reps = std::max(1, static_cast<int>(f.given.count("--steps") ? f.steps : 20));
   reset_peak_memory(dev);
   const size_t base = memory_stats(dev).in_use;  // the model and the optimizer's state
-  std::vector<double> times;
+  std::vector<double> times, host;
   double loss = 0.0;
   for (int i = 0; i < reps; ++i) {
     const auto t0 = Clock::now();
     loss = step();
     times.push_back(since(t0));
+    host.push_back(host_s);
   }
   std::sort(times.begin(), times.end());
+  std::sort(host.begin(), host.end());
   const double med = times[times.size() / 2];
   const MemoryStats ms = memory_stats(dev);
   std::printf("bench-train: MiniLM-L6 + head (%s, %s) batch %zu x seq %zu, %zu threads: median "
@@ -572,6 +582,12 @@ int bench_train(const Flags& f, Device dev, DType dt, const fs::path& model_dir)
               reps, 1e3 * times.front(), static_cast<double>(b * t) / med,
               static_cast<double>(ms.peak) / (1 << 20), static_cast<double>(base) / (1 << 20),
               loss);
+  // On a GPU the host enqueues and the device runs behind it: a host time close to the step's
+  // means the step is bound by the host's per-op cost, not by the device.
+  std::printf("bench-train: %llu kernel calls per step; the host enqueued them in %.2f ms "
+              "(median), %.2f us per call\n",
+              static_cast<unsigned long long>(calls), 1e3 * host[host.size() / 2],
+              1e6 * host[host.size() / 2] / static_cast<double>(std::max<uint64_t>(calls, 1)));
   return 0;
 }
 
@@ -654,6 +670,7 @@ int run(Flags f) {
   const auto t_train = Clock::now();
   size_t tokens = 0, window_tokens = 0;
   double window_loss = 0.0;
+  Tensor window_loss_t;
   int64_t window_n = 0;
   auto t_window = Clock::now();
   if (start_step < f.steps)
@@ -667,12 +684,16 @@ int run(Flags f) {
     const Tensor loss = nn::cross_entropy(model.classify(model.embed(b.ids, b.mask)), b.labels);
     GradStore g = loss.backward();
     opt.step(g);
-    window_loss += loss.item();
+    // Summed on the device: the host reads the loss only for the progress line.
+    const Tensor l64 = loss.detach().to_dtype(DType::F64);
+    window_loss_t = window_loss_t.defined() ? window_loss_t + l64 : l64;
     ++window_n;
     tokens += b.tokens;
     window_tokens += b.tokens;
     const int64_t done = step + 1;
     if (done % f.log_every == 0 || done == f.steps) {
+      window_loss = window_loss_t.item();
+      window_loss_t = Tensor();
       const double el = since(t_train), w = since(t_window);
       const double per_step = el / static_cast<double>(done - start_step);
       std::printf("step %5lld/%lld  loss %.4f  lr %.3e  %6.0f tok/s  elapsed %s  ETA %s  "

@@ -49,11 +49,11 @@ Tensor dropout(const Tensor& x, double p, uint64_t seed, bool training) {
   TAPER_CHECK(p >= 0.0 && p <= 1.0, "dropout: probability must be in [0, 1], got ", p);
   TAPER_CHECK(is_float(x.dtype()), "dropout: needs a float input, got ", dtype_name(x.dtype()));
   if (!training || p == 0.0) return x;
-  const Tensor zero = Tensor::zeros(Shape({1}), x.dtype(), x.device());
+  const Tensor zero = Tensor::zeros(Shape({}), x.dtype(), x.device());
   if (p == 1.0) return x * 0.0;
   const DType ddt = draw_dtype(x.dtype());
   const Tensor u = Tensor::rand(x.shape(), ddt, x.device(), seed);
-  const Tensor keep = u.ge(Tensor::full(Shape({1}), p, ddt, x.device()));  // P(keep) = 1 - p
+  const Tensor keep = u.ge(Tensor::full(Shape({}), p, ddt, x.device()));  // P(keep) = 1 - p
   return keep.where_cond(x * (1.0 / (1.0 - p)), zero);
 }
 

@@ -71,7 +71,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, const CrossEnt
     // (1 - s) * nll + s * (uniform-target cross entropy = -mean_c log p_c)
     per = per * (1.0 - s) + logp.mean({1}) * (-s);
   }
-  const Tensor zero = Tensor::zeros(Shape({1}), per.dtype(), per.device());
+  const Tensor zero = Tensor::zeros(Shape({}), per.dtype(), per.device());
   per = p.keep.where_cond(per, zero);
   return reduce_loss(per, p, targets, o.reduction());
 }
@@ -80,7 +80,7 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& targets, const NllLossOpt
   const Picked p = pick("nll_loss", log_probs, targets, o.ignore_index());
   const size_t c = log_probs.dim(-1), n = targets.elem_count();
   Tensor per = nll_rows(log_probs.reshape(Shape({n, c})), p);
-  const Tensor zero = Tensor::zeros(Shape({1}), per.dtype(), per.device());
+  const Tensor zero = Tensor::zeros(Shape({}), per.dtype(), per.device());
   per = p.keep.where_cond(per, zero);
   return reduce_loss(per, p, targets, o.reduction());
 }

@@ -1,14 +1,15 @@
-// safetensors.cpp: the memory-mapped, validating reader and the writer (safetensors.h).
+// safetensors.cpp: the validating reader and the writer (safetensors.h).
 //
 // Validation order: size >= 8; header length <= 100 MB and within the file; the header is
 // strict JSON (json.cpp) whose top level is an object; each entry has exactly dtype, shape and
 // data_offsets of the right types; byte sizes are computed with overflow checks; then the
 // ranges, sorted, must tile [0, data length) exactly. Only then is any tensor data touched, and
-// every copy reads inside [begin, end) of a range proven to lie in the mapping.
+// every read lies inside [begin, end) of a range proven to lie in the file as it was opened.
+// Files are read with pread, not mapped: a file truncated after open gives a short read (an
+// Error naming the file and the tensor), where a mapping would kill the process with SIGBUS.
 #include "taper/nn/safetensors.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -71,14 +72,45 @@ const char* dtype_tag(DType dt) {
   return "?";
 }
 
-// The bytes of a file: a read-only private mapping, or an owned vector.
+// The bytes of a file: an open descriptor (read with pread) and its size at open, or an owned
+// vector (from_bytes).
 struct File::Image {
-  const uint8_t* data = nullptr;
-  size_t size = 0;
-  void* map = nullptr;
+  int fd = -1;
+  uint64_t size = 0;
   std::vector<uint8_t> owned;
+  Image() = default;
+  Image(const Image&) = delete;
+  Image& operator=(const Image&) = delete;
   ~Image() {
-    if (map) munmap(map, size);
+    if (fd >= 0) ::close(fd);
+  }
+  // Copies bytes [off, off + n) (inside `size`) to dst. `what` names the tensor (or the header)
+  // in the error a file that shrank since open gives.
+  void read(uint64_t off, void* dst, uint64_t n, const std::string& path,
+            const std::string& what) const {
+    if (fd < 0) {
+      if (n) std::memcpy(dst, owned.data() + off, n);
+      return;
+    }
+    auto* out = static_cast<uint8_t*>(dst);
+    uint64_t done = 0;
+    while (done < n) {
+      const size_t chunk = static_cast<size_t>(std::min<uint64_t>(n - done, 1u << 30));
+      const ssize_t r = ::pread(fd, out + done, chunk, static_cast<off_t>(off + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0)
+        throw Error("safetensors: '" + path + "': " + what + ": read failed at byte " +
+                    std::to_string(off + done) + ": " + std::strerror(errno));
+      if (r == 0) {
+        struct stat st;
+        const long long now = fstat(fd, &st) == 0 ? static_cast<long long>(st.st_size) : -1;
+        throw Error("safetensors: '" + path + "': " + what + ": the file was truncated after it "
+                    "was opened (it had " + std::to_string(size) + " bytes, now " +
+                    std::to_string(now) + "; the data needs bytes up to " +
+                    std::to_string(off + n) + "): open it again");
+      }
+      done += static_cast<uint64_t>(r);
+    }
   }
 };
 
@@ -96,18 +128,8 @@ File File::open(const std::string& path) {
     fail_file(path, "not a regular file");
   }
   auto img = std::make_shared<Image>();
-  img->size = static_cast<size_t>(st.st_size);
-  if (img->size > 0) {
-    void* m = mmap(nullptr, img->size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (m == MAP_FAILED) {
-      const int e = errno;
-      ::close(fd);
-      fail_file(path, std::string("cannot mmap: ") + std::strerror(e));
-    }
-    img->map = m;
-    img->data = static_cast<const uint8_t*>(m);
-  }
-  ::close(fd);  // the mapping stays valid
+  img->fd = fd;  // closed by the Image
+  img->size = static_cast<uint64_t>(st.st_size);
   File f;
   f.image_ = std::move(img);
   f.path_ = path;
@@ -118,7 +140,6 @@ File File::open(const std::string& path) {
 File File::from_bytes(std::vector<uint8_t> bytes, const std::string& name) {
   auto img = std::make_shared<Image>();
   img->owned = std::move(bytes);
-  img->data = img->owned.data();
   img->size = img->owned.size();
   File f;
   f.image_ = std::move(img);
@@ -128,12 +149,13 @@ File File::from_bytes(std::vector<uint8_t> bytes, const std::string& name) {
 }
 
 void File::parse() {
-  const uint8_t* d = image_->data;
   const uint64_t size = image_->size;
   if (size < 8)
     fail_file(path_, "truncated: " + std::to_string(size) +
                          " bytes; a safetensors file starts with an 8-byte header length");
-  const uint64_t n = read_le64(d);
+  uint8_t len[8];
+  image_->read(0, len, 8, path_, "the header length");
+  const uint64_t n = read_le64(len);
   if (n > kMaxHeaderBytes)
     fail_file(path_, "header length " + std::to_string(n) + " exceeds the limit of " +
                          std::to_string(kMaxHeaderBytes) + " bytes");
@@ -142,7 +164,9 @@ void File::parse() {
                          std::to_string(size) + " bytes): truncated or corrupt");
   header_len_ = n;
   data_len_ = size - 8 - n;
-  const std::string_view text(reinterpret_cast<const char*>(d + 8), n);
+  std::string head(n, '\0');
+  image_->read(8, head.data(), n, path_, "the header");
+  const std::string_view text(head);
   if (n == 0 || text[0] != '{') fail_file(path_, "the header does not start with '{'");
 
   nn::json::Value root;
@@ -269,8 +293,8 @@ Tensor File::get(const std::string& name, Device dev) const {
   const TensorInfo& ti = info(name);
   Tensor t = Tensor::empty(Shape(ti.shape), ti.dtype, Device::cpu());
   const uint64_t nbytes = ti.end - ti.begin;
-  // parse() proved 8 + header + end <= size; memcpy because offsets need not be aligned.
-  if (nbytes) std::memcpy(t.data_ptr(), image_->data + 8 + header_len_ + ti.begin, nbytes);
+  // parse() proved 8 + header + end <= size (the size at open).
+  image_->read(8 + header_len_ + ti.begin, t.data_ptr(), nbytes, path_, "tensor '" + name + "'");
   return dev.is_cpu() ? t : t.to_device(dev);
 }
 

@@ -170,6 +170,11 @@ std::vector<Tensor> dispatch(OpId op, const std::vector<Tensor>& in, const OpAtt
 /// `dispatch` for a single-output op.
 Tensor dispatch1(OpId op, const std::vector<Tensor>& in, const OpAttrs& attrs = {});
 
+/// Kernel calls `dispatch` has made on `kind`'s devices since the program started (every thread;
+/// a composed form counts its parts). On a GPU each is at least one launch: the difference
+/// around a training step is what the step launches.
+uint64_t kernel_calls(DeviceKind kind);
+
 /// Forces the composed path of the chosen fused ops (all of them by default) in this scope and
 /// thread, so tests and benches can run both paths on one device.
 class ComposedOnlyGuard {

@@ -224,7 +224,9 @@ class Var : public Tensor {
   Var() = default;
   /// A new leaf holding `t`'s values (shares storage; no graph edge to `t`).
   static Var from_tensor(const Tensor& t);
-  /// Replaces the value (same shape, dtype and device), keeping the identity.
+  /// Replaces the value (same shape, dtype and device), keeping the identity. A graph recorded
+  /// before the change keeps the old value: its backward gives the gradient of what it computed
+  /// (to this Var), not of the new value. Writes through data_ptr() bypass this.
   void set(const Tensor& value);
   /// Tensor view of this Var with no graph edge (for optimizers).
   Tensor value() const { return detach(); }

@@ -5,12 +5,15 @@
 // "__metadata__" object of strings; padded with spaces), then the data section, where each
 // tensor occupies [begin, end) row-major, little-endian, the ranges tiling it exactly.
 //
-// What it is: a memory-mapped reader that validates the whole header before anything is read
+// What it is: a reader that validates the whole header before anything is read
 // (strict JSON; header length within the file and <= 100 MB; known dtypes; offsets in range,
 // non-overlapping and covering the data exactly; byte sizes equal to dtype size * prod(shape),
 // without overflow), so a corrupt file gives a taper::Error naming the file and the tensor and
 // never an out-of-bounds read; and a writer. Dtypes: BF16, F16, F32, F64, I64, U8, U32.
-// What it is not: zero-copy: `get` copies a tensor out of the mapping (only its pages are read).
+// A file is read with pread from a descriptor kept open, never mapped: a file truncated after
+// `open` gives an Error at `get` naming the file and the tensor (a mapping would die of SIGBUS);
+// a file rewritten in place after `open` gives whatever bytes it then holds.
+// What it is not: zero-copy: `get` reads a tensor's bytes into a new tensor (only those bytes).
 #pragma once
 
 #include <cstdint>
@@ -38,10 +41,10 @@ struct TensorInfo {
 /// The format's dtype name ("F32", "BF16", ...).
 const char* dtype_tag(DType dt);
 
-/// An open, validated safetensors file (or in-memory image). Cheap to copy (shared mapping).
+/// An open, validated safetensors file (or in-memory image). Cheap to copy (shared descriptor).
 class File {
  public:
-  /// Memory-maps `path` and validates its header; throws Error naming the file (and tensor).
+  /// Opens `path` and validates its header; throws Error naming the file (and tensor).
   static File open(const std::string& path);
   /// Validates an in-memory image; `name` stands for the file name in errors.
   static File from_bytes(std::vector<uint8_t> bytes, const std::string& name = "<memory>");
