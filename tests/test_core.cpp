@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -223,6 +224,29 @@ TEST(Registry, EveryNonViewOpHasACpuKernel) {
       continue;
     EXPECT_NE(op_def(op).kernels[0].fn, nullptr) << op_name(op) << " has no CPU kernel";
   }
+}
+
+TEST(Registry, KernelCallsAndOpProfileCountDispatches) {
+  const Tensor x = Tensor::ones({4, 3}, DType::F32);
+  const uint64_t k0 = kernel_calls(DeviceKind::Cpu);
+  (void)x.exp().sum_all();
+  EXPECT_EQ(kernel_calls(DeviceKind::Cpu) - k0, 2u);
+  reset_op_profile();
+  set_op_profiling(true);
+  (void)x.exp();
+  (void)x.exp().tanh();
+  set_op_profiling(false);
+  (void)x.exp();  // not counted: profiling is off
+  std::map<std::string, uint64_t> calls;
+  for (const OpProfileRow& r : op_profile()) {
+    EXPECT_EQ(r.kind, DeviceKind::Cpu);
+    EXPECT_EQ(r.dtype, DType::F32);
+    EXPECT_GE(r.seconds, 0.0);
+    calls[std::string(op_name(r.op))] += r.calls;
+  }
+  EXPECT_EQ(calls, (std::map<std::string, uint64_t>{{"exp", 2}, {"tanh", 1}}));
+  reset_op_profile();
+  EXPECT_TRUE(op_profile().empty());
 }
 
 TEST(Registry, CapabilityQuery) {

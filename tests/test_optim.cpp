@@ -28,7 +28,7 @@ Var scalar_var(double v, DType dt = DType::F64) {
 
 GradStore grad_of(const Var& p, double g) {
   GradStore gs;
-  gs.insert(p, Tensor::full(p.shape(), g, p.dtype()));
+  gs.insert(p, Tensor::full(p.shape(), g, p.dtype(), p.device()));
   return gs;
 }
 

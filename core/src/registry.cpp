@@ -3,7 +3,14 @@
 // Dispatch order: the kernel for (op, device kind, dtype); else, for a fused op, its composed
 // form; else an Error naming the op, device, dtype and shapes. A graph edge is recorded only when
 // recording is on and an input tracks gradients.
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string_view>
+#include <tuple>
 #include <sstream>
 
 #include "taper/autograd.h"
@@ -104,10 +111,40 @@ std::vector<Tensor> record(OpId op, const std::vector<Tensor>& in, std::vector<T
 
 namespace {
 std::atomic<uint64_t> t_kernel_calls[kNumDeviceKinds];
+
+struct Profile {
+  std::mutex mu;
+  std::map<std::tuple<int, int, int>, OpProfileRow> rows;  // (op, kind, dtype)
+};
+Profile& profile() {
+  static Profile p;
+  return p;
+}
+std::atomic<bool> t_profiling{[] {
+  const char* e = std::getenv("TAPER_PROFILE_OPS");
+  return e != nullptr && std::string_view(e) == "1";
+}()};
 }  // namespace
 
 uint64_t kernel_calls(DeviceKind kind) {
   return t_kernel_calls[static_cast<int>(kind)].load(std::memory_order_relaxed);
+}
+
+void set_op_profiling(bool on) { t_profiling.store(on); }
+bool op_profiling() { return t_profiling.load(std::memory_order_relaxed); }
+std::vector<OpProfileRow> op_profile() {
+  Profile& p = profile();
+  std::lock_guard<std::mutex> lock(p.mu);
+  std::vector<OpProfileRow> out;
+  for (const auto& [k, r] : p.rows) out.push_back(r);
+  std::sort(out.begin(), out.end(),
+            [](const OpProfileRow& a, const OpProfileRow& b) { return a.seconds > b.seconds; });
+  return out;
+}
+void reset_op_profile() {
+  Profile& p = profile();
+  std::lock_guard<std::mutex> lock(p.mu);
+  p.rows.clear();
 }
 
 std::vector<Tensor> dispatch(OpId op, const std::vector<Tensor>& in, const OpAttrs& attrs) {
@@ -131,6 +168,12 @@ std::vector<Tensor> dispatch(OpId op, const std::vector<Tensor>& in, const OpAtt
   TAPER_CHECK(has, d.name, ": no kernel for dtype ", dtype_name(dt), " on device ",
               dev.to_string(), " (inputs: ", describe_inputs(in), ")");
   t_kernel_calls[static_cast<int>(dev.kind())].fetch_add(1, std::memory_order_relaxed);
+  const bool prof = op_profiling();
+  std::chrono::steady_clock::time_point t0;
+  if (prof) {
+    synchronize(dev);
+    t0 = std::chrono::steady_clock::now();
+  }
   std::vector<Tensor> outs;
   if (slot.needs_contiguous) {
     std::vector<Tensor> cin;
@@ -139,6 +182,20 @@ std::vector<Tensor> dispatch(OpId op, const std::vector<Tensor>& in, const OpAtt
     outs = slot.fn(cin, attrs);
   } else {
     outs = slot.fn(in, attrs);
+  }
+  if (prof) {
+    synchronize(dev);
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    Profile& p = profile();
+    std::lock_guard<std::mutex> lock(p.mu);
+    OpProfileRow& r =
+        p.rows[{static_cast<int>(op), static_cast<int>(dev.kind()), static_cast<int>(dt)}];
+    r.op = op;
+    r.kind = dev.kind();
+    r.dtype = dt;
+    ++r.calls;
+    r.seconds += s;
   }
   TAPER_ASSERT(outs.size() >= static_cast<size_t>(d.n_out));
   return detail::record(op, in, std::move(outs), attrs);

@@ -113,7 +113,8 @@ first a baseline (frozen encoder + trained linear head), then the whole model.
   --bench-train         only time training steps (forward, backward, AdamW; the model's
                         weights, random token ids and labels) at --batch x --seq-len, median
                         of 20 steps after 3 warm-up steps (--steps N: N steps), and print ms
-                        per step, tokens/s and the step's peak device memory
+                        per step, tokens/s, the step's peak device memory, its kernel
+                        calls and a per-op profile of two more steps
   --help                this text
 )";
 
@@ -588,6 +589,22 @@ int bench_train(const Flags& f, Device dev, DType dt, const fs::path& model_dir)
               "(median), %.2f us per call\n",
               static_cast<unsigned long long>(calls), 1e3 * host[host.size() / 2],
               1e6 * host[host.size() / 2] / static_cast<double>(std::max<uint64_t>(calls, 1)));
+  // Where the step's time goes: two more steps with every kernel call waited for and timed.
+  reset_op_profile();
+  set_op_profiling(true);
+  const auto tp = Clock::now();
+  for (int i = 0; i < 2; ++i) step();
+  const double prof_s = since(tp) / 2;
+  set_op_profiling(false);
+  const std::vector<OpProfileRow> rows = op_profile();
+  double in_ops = 0.0;
+  for (const OpProfileRow& r : rows) in_ops += r.seconds / 2;
+  std::printf("bench-train: per-op profile (each kernel call waited for): %.2f ms per step, "
+              "%.2f ms of it in the calls; the slowest:\n", 1e3 * prof_s, 1e3 * in_ops);
+  for (size_t i = 0; i < rows.size() && i < 16; ++i)
+    std::printf("  %-26s %-5s %5.0f calls %8.3f ms per step\n",
+                std::string(op_name(rows[i].op)).c_str(), std::string(dtype_name(rows[i].dtype)).c_str(),
+                static_cast<double>(rows[i].calls) / 2, 1e3 * rows[i].seconds / 2);
   return 0;
 }
 

@@ -175,6 +175,24 @@ Tensor dispatch1(OpId op, const std::vector<Tensor>& in, const OpAttrs& attrs = 
 /// around a training step is what the step launches.
 uint64_t kernel_calls(DeviceKind kind);
 
+/// A per-op profile, to find where a step's device time goes. While it is on, dispatch waits
+/// for the device before and after every kernel call and adds the wall time between to the
+/// op's row, so a row is the device time of that op's kernels plus one launch each. The waits
+/// make the whole run slower: time a step with profiling off. `TAPER_PROFILE_OPS=1` turns it on
+/// at start-up.
+struct OpProfileRow {
+  OpId op;
+  DeviceKind kind;
+  DType dtype;  ///< of the first input (attrs.dtype for creation ops)
+  uint64_t calls = 0;
+  double seconds = 0.0;
+};
+void set_op_profiling(bool on);
+bool op_profiling();
+/// The rows since the start or the last reset, slowest first.
+std::vector<OpProfileRow> op_profile();
+void reset_op_profile();
+
 /// Forces the composed path of the chosen fused ops (all of them by default) in this scope and
 /// thread, so tests and benches can run both paths on one device.
 class ComposedOnlyGuard {
