@@ -15,9 +15,11 @@
 // sides: rows of 16/8/4/2/1-byte units, one indirection per row for index_select), or an element
 // kernel (Strided offsets per element, one indirection per element for gather). Elements move as
 // raw bits.
-// Indices: the front-end checks them on the host before the op runs, so kernels assume them valid;
-// a bad one still never touches memory out of bounds: reads clamp it into [0, D), scatter_add
-// skips it.
+// Indices are checked here, in the kernels, not on the host (which would copy the index tensor
+// back and wait for the device on every call): a bad one is reported to the device's
+// KernelErrorRecord (cuda_common.cuh), which the host turns into an Error naming the op, the
+// index, the dim and its size at the next synchronisation. Meanwhile it never touches memory out
+// of bounds: reads clamp it into [0, D), scatter_add skips it.
 // scatter_add is deterministic and equals the CPU bit for bit: each output element is owned by
 // one thread that adds its contributions in source order, as the CPU's sequential loop does, and
 // in the CPU's precision (bf16/f16 add in f32 and round once per add; integers wrap). Two plans:
@@ -57,9 +59,25 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 /// Stands for "no index operand" in the move kernels.
 struct NoIdx {};
 
-/// Index value v clamped into [0, lim): a bad index reads a valid element instead of faulting.
-__device__ __forceinline__ int64_t clamp_index(int64_t v, int64_t lim) {
-  return v < 0 ? 0 : (v >= lim ? lim - 1 : v);
+/// Where a kernel reports a bad index: the device's record, the op, the dim it indexes.
+struct Fault {
+  KernelErrorRecord* rec;
+  OpId op;
+  int64_t dim;
+};
+
+/// Whether v indexes [0, lim); reports it to `f` when not.
+__device__ __forceinline__ bool index_ok(int64_t v, int64_t lim, const Fault& f) {
+  if (v >= 0 && v < lim) return true;
+  report_bad_index(f.rec, f.op, v, f.dim, lim);
+  return false;
+}
+
+/// Index value v, reported when bad and then clamped into [0, lim): a bad index reads a valid
+/// element instead of faulting.
+__device__ __forceinline__ int64_t checked_index(int64_t v, int64_t lim, const Fault& f) {
+  if (index_ok(v, lim, f)) return v;
+  return v < 0 ? 0 : lim - 1;
 }
 
 // ---- moves ---------------------------------------------------------------------------------
@@ -70,14 +88,14 @@ template <class E, class IdxT>
 __global__ void __launch_bounds__(kBlock)
     move_elems_kernel(E* __restrict__ dst, const E* __restrict__ src,
                       const IdxT* __restrict__ idx, Strided<3> s, int64_t n, int64_t src_sd,
-                      int64_t lim) {
+                      int64_t lim, Fault fault) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * kBlock) {
     int64_t off[3];
     s.offsets(i, off);
     int64_t so = off[1];
     if constexpr (!std::is_same_v<IdxT, NoIdx>)
-      so += clamp_index(static_cast<int64_t>(idx[off[2]]), lim) * src_sd;
+      so += checked_index(static_cast<int64_t>(idx[off[2]]), lim, fault) * src_sd;
     dst[off[0]] = src[so];
   }
 }
@@ -89,7 +107,7 @@ template <class U, class IdxT>
 __global__ void __launch_bounds__(kBlock)
     move_runs_kernel(char* __restrict__ dst, const char* __restrict__ src,
                      const IdxT* __restrict__ idx, Strided<3> outer, int64_t rows, int64_t units,
-                     int bx_log2, int64_t es, int64_t src_sd, int64_t lim) {
+                     int bx_log2, int64_t es, int64_t src_sd, int64_t lim, Fault fault) {
   const int bx = 1 << bx_log2, by = kBlock >> bx_log2;
   const int tx = static_cast<int>(threadIdx.x) & (bx - 1);
   const int ty = static_cast<int>(threadIdx.x) >> bx_log2;
@@ -99,7 +117,7 @@ __global__ void __launch_bounds__(kBlock)
     outer.offsets(r, off);
     int64_t so = off[1];
     if constexpr (!std::is_same_v<IdxT, NoIdx>)
-      so += clamp_index(static_cast<int64_t>(idx[off[2]]), lim) * src_sd;
+      so += checked_index(static_cast<int64_t>(idx[off[2]]), lim, fault) * src_sd;
     U* d = reinterpret_cast<U*>(dst + off[0] * es);
     const U* s = reinterpret_cast<const U*>(src + so * es);
     for (int64_t u = static_cast<int64_t>(blockIdx.x) * bx + tx; u < units;
@@ -122,6 +140,8 @@ struct MoveSpec {
   const std::vector<int64_t>* is = nullptr;
   int64_t src_sd = 0;
   int64_t lim = 1;
+  OpId op = OpId::copy;  ///< the op that indexes, and the dim, for a bad index's report
+  int64_t dim = 0;
 };
 
 /// Calls f with the C++ type of the index operand: NoIdx, int64_t or uint32_t.
@@ -160,6 +180,7 @@ void move(const char* name, const std::vector<Tensor>& in, const MoveSpec& m, De
     return;
   }
   const void* idx_ptr = m.idx ? m.idx->data_ptr() : nullptr;
+  const Fault fault{m.idx ? kernel_error_record(ordinal) : nullptr, m.op, m.dim};
   if (dense_inner && s.dims[last] * es >= 16) {
     // Rows of the innermost dim. The widest unit that divides every row start and length.
     const int64_t run_bytes = s.dims[last] * es;
@@ -188,7 +209,8 @@ void move(const char* name, const std::vector<Tensor>& in, const MoveSpec& m, De
         using U = decltype(utag);
         move_runs_kernel<U, I><<<grid, kBlock, 0, st>>>(
             static_cast<char*>(m.dst), static_cast<const char*>(m.src),
-            static_cast<const I*>(idx_ptr), outer, rows, units, bx_log2, es, m.src_sd, m.lim);
+            static_cast<const I*>(idx_ptr), outer, rows, units, bx_log2, es, m.src_sd, m.lim,
+            fault);
         TAPER_CUDA_CHECK_LAUNCH(name, in);
       };
       switch (w) {
@@ -209,7 +231,7 @@ void move(const char* name, const std::vector<Tensor>& in, const MoveSpec& m, De
       move_elems_kernel<E, I><<<grid, kBlock, 0, st>>>(static_cast<E*>(m.dst),
                                                       static_cast<const E*>(m.src),
                                                       static_cast<const I*>(idx_ptr), s, n,
-                                                      m.src_sd, m.lim);
+                                                      m.src_sd, m.lim, fault);
       TAPER_CUDA_CHECK_LAUNCH(name, in);
     });
   });
@@ -245,7 +267,7 @@ std::vector<Tensor> index_select_kernel(const std::vector<Tensor>& in, const OpA
   std::vector<int64_t> is(x.rank(), 0);
   is[d] = idx.strides()[0];
   MoveSpec m{&oshape, out.data_ptr(), &os, x.data_ptr(), &xs, dtype_size(x.dtype()), &idx, &is,
-             xsd, static_cast<int64_t>(x.dims()[d])};
+             xsd, static_cast<int64_t>(x.dims()[d]), OpId::index_select, static_cast<int64_t>(d)};
   move("index_select", in, m, x.device());
   return {out};
 }
@@ -264,7 +286,8 @@ std::vector<Tensor> gather_kernel(const std::vector<Tensor>& in, const OpAttrs& 
   const int64_t xsd = xs[d];
   xs[d] = 0;
   MoveSpec m{&idx.shape(), out.data_ptr(), &os, x.data_ptr(), &xs, dtype_size(x.dtype()), &idx,
-             &idx.strides(), xsd, static_cast<int64_t>(x.dims()[d])};
+             &idx.strides(), xsd, static_cast<int64_t>(x.dims()[d]), OpId::gather,
+             static_cast<int64_t>(d)};
   move("gather", in, m, x.device());
   return {out};
 }
@@ -291,14 +314,15 @@ template <class T, class IdxT>
 __global__ void __launch_bounds__(kBlock)
     scatter_serial_kernel(T* __restrict__ out, const T* __restrict__ src,
                           const IdxT* __restrict__ idx, Strided<3> cols, int64_t ncols, int64_t J,
-                          int64_t src_sd, int64_t idx_sd, int64_t out_sd, int64_t lim) {
+                          int64_t src_sd, int64_t idx_sd, int64_t out_sd, int64_t lim,
+                          Fault fault) {
   for (int64_t c = static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x; c < ncols;
        c += static_cast<int64_t>(gridDim.x) * kBlock) {
     int64_t off[3];
     cols.offsets(c, off);
     for (int64_t j = 0; j < J; ++j) {
       const int64_t v = static_cast<int64_t>(idx[off[1] + j * idx_sd]);
-      if (v < 0 || v >= lim) continue;  // never reached with checked indices
+      if (!index_ok(v, lim, fault)) continue;
       T& o = out[off[2] + v * out_sd];
       o = add_elem(o, src[off[0] + j * src_sd]);
     }
@@ -311,13 +335,13 @@ template <class IdxT>
 __global__ void __launch_bounds__(kBlock)
     scatter_keys_kernel(const IdxT* __restrict__ idx, Strided<3> s, int64_t n, int64_t out_sd,
                         int64_t lim, uint64_t sentinel, uint64_t* __restrict__ keys,
-                        int64_t* __restrict__ vals) {
+                        int64_t* __restrict__ vals, Fault fault) {
   for (int64_t p = static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x; p < n;
        p += static_cast<int64_t>(gridDim.x) * kBlock) {
     int64_t off[3];
     s.offsets(p, off);
     const int64_t v = static_cast<int64_t>(idx[off[1]]);
-    keys[p] = (v < 0 || v >= lim) ? sentinel : static_cast<uint64_t>(off[2] + v * out_sd);
+    keys[p] = index_ok(v, lim, fault) ? static_cast<uint64_t>(off[2] + v * out_sd) : sentinel;
     vals[p] = off[0];
   }
 }
@@ -372,6 +396,7 @@ std::vector<Tensor> scatter_add_kernel(const std::vector<Tensor>& in, const OpAt
   const int64_t lim = static_cast<int64_t>(x.dims()[d]);
   const int64_t J = static_cast<int64_t>(idx.dims()[d]);
   const int64_t ncols = n / J;
+  const Fault fault{kernel_error_record(ordinal), OpId::scatter_add, static_cast<int64_t>(d)};
   visit_dtype(x.dtype(), [&](auto ttag) {
     using T = decltype(ttag);
     visit_index(&idx, [&](auto itag) {
@@ -386,7 +411,7 @@ std::vector<Tensor> scatter_add_kernel(const std::vector<Tensor>& in, const OpAt
           scatter_serial_kernel<T, I><<<grid_for(static_cast<size_t>(ncols), ordinal, kBlock),
                                         kBlock, 0, st>>>(
               ptr<T>(out), ptr<const T>(src), ip, cols, ncols, J,
-              src.strides()[d], idx.strides()[d], out_sd, lim);
+              src.strides()[d], idx.strides()[d], out_sd, lim, fault);
           TAPER_CUDA_CHECK_LAUNCH("scatter_add", in);
           return;
         }
@@ -401,7 +426,8 @@ std::vector<Tensor> scatter_add_kernel(const std::vector<Tensor>& in, const OpAt
         int64_t* v0 = ptr<int64_t>(vals_buf);
         const unsigned grid = grid_for(nn, ordinal, kBlock);
         const Strided<3> s = make_strided<3>(idx.shape(), {&src.strides(), &idx.strides(), &os});
-        scatter_keys_kernel<I><<<grid, kBlock, 0, st>>>(ip, s, n, out_sd, lim, sentinel, k0, v0);
+        scatter_keys_kernel<I><<<grid, kBlock, 0, st>>>(ip, s, n, out_sd, lim, sentinel, k0, v0,
+                                                        fault);
         TAPER_CUDA_CHECK_LAUNCH("scatter_add", in);
         cub::DoubleBuffer<uint64_t> keys(k0, k0 + nn);
         cub::DoubleBuffer<int64_t> vals(v0, v0 + nn);

@@ -18,8 +18,10 @@
 // stride); size-1 dims may have any stride. Any other matrix layout is copied dense first; its
 // broadcast batch dims (stride 0) stay broadcast, so only one copy of the matrix is made.
 // Batch: the batch dims are flattened as far as both operands allow (size-1 dims ignored,
-// stride 0 allowed: a broadcast operand has strideA/strideB = 0) into one strided-batched call;
-// batch dims that do not flatten are looped over on the host, one strided-batched call each.
+// stride 0 allowed: a broadcast operand has strideA/strideB = 0) into one strided-batched call.
+// An operand whose batch dims do not flatten (and holds no broadcast dim) is first copied dense,
+// so the batch stays one call; batch dims that still do not flatten (a mix of broadcast and
+// strided dims) are looped over on the host, one strided-batched call each.
 // When b is one matrix for every batch and a's (batch..., M) rows flatten into one stride (a
 // linear layer on (B, T, C)), the batch folds into M: one (B*M, K) x (K, N) GEMM.
 // Sizes: M, N or batch 0 -> an empty result without a cuBLAS call; K == 0 -> zeros (memset).
@@ -242,7 +244,22 @@ std::vector<Tensor> matmul_kernel(const std::vector<Tensor>& in, const OpAttrs&)
   const GemmTypes ty = gemm_types(c.dtype());
   const cublasHandle_t h = handle(ord, a_in, b_in);
 
-  const Tensor a = readable(a_in), b = readable(b_in);
+  Tensor a = readable(a_in), b = readable(b_in);
+  // Batch dims that do not flatten into one stride (attention's heads: (B, H, T, D) viewed from
+  // (B, T, H, D)) would make a host loop of one cuBLAS call per outer index (B calls of H
+  // matrices each: thousands of tiny launches per training step). A dense copy of such an
+  // operand, one copy kernel, makes the whole batch one strided-batched call. An operand with
+  // broadcast batch dims keeps them (no materialised broadcast) and may still loop.
+  const auto dense_batch = [&](Tensor& t) {
+    const std::vector<size_t> d(t.dims().begin(), t.dims().end() - 2);
+    const std::vector<int64_t> st(t.strides().begin(), t.strides().end() - 2);
+    if (flat_stride(d, st, 0)) return;
+    for (size_t i = 0; i < d.size(); ++i)
+      if (d[i] > 1 && st[i] == 0) return;
+    t = t.detach().contiguous();
+  };
+  dense_batch(a);
+  dense_batch(b);
   const std::vector<size_t> bdims(a.dims().begin(), a.dims().end() - 2);
   const std::vector<int64_t> as(a.strides().begin(), a.strides().end() - 2);
   const std::vector<int64_t> bs(b.strides().begin(), b.strides().end() - 2);

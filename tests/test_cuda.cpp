@@ -1248,6 +1248,53 @@ INSTANTIATE_TEST_SUITE_P(Cuda, CudaMatmulP,
                                   layout_name(std::get<1>(i.param));
                          });
 
+// Batch dims that do not flatten into one stride: attention's heads, (B, H, T, D) viewed from
+// (B, T, H, D), as q k^T and w v; the GPU copies such an operand dense and makes one batched
+// call. A mix of a broadcast and a strided batch dim still takes the host loop. Both match the
+// CPU within the gamma_k bound of the suite above (here in f32: 4 k u |a||b|).
+TEST_F(CudaMatmul, HeadViewsAndMixedBroadcastBatches) {
+  Tf32Guard tf32(false);
+  const size_t B = 5, T = 7, H = 3, D = 4;
+  // The views are taken on each device (a copy to the GPU would be dense).
+  struct Base {
+    Tensor q, k, v, m;
+  };
+  const auto base = [&](Device dev) {
+    const auto heads = [&](uint64_t seed) {
+      return random_tensor(Shape({B, T, H, D}), DType::F32, dev, seed).permute({0, 2, 1, 3});
+    };
+    return Base{heads(911), heads(912), heads(913),
+                random_tensor(Shape({1, H, D, T}), DType::F32, dev, 914)
+                    .broadcast_as(Shape({B, H, D, T}))};
+  };
+  using Pair = std::pair<Tensor, Tensor>;
+  const std::vector<std::function<Pair(const Base&)>> cases = {
+      [](const Base& x) { return Pair{x.q, x.k.transpose(-2, -1)}; },
+      [](const Base& x) { return Pair{x.q.matmul(x.k.transpose(-2, -1)), x.v}; },
+      [](const Base& x) { return Pair{x.q.transpose(-2, -1), x.q}; },
+      [](const Base& x) { return Pair{x.q, x.m}; },
+      [](const Base& x) {
+        return Pair{x.m.permute({1, 0, 2, 3}), x.q.permute({1, 0, 2, 3})};
+      }};
+  const Base cb = base(Device::cpu()), gb = base(kGpu);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(i);
+    const auto [a, b] = cases[i](cb);
+    const auto [ag, bg] = cases[i](gb);
+    EXPECT_FALSE(ag.is_contiguous() && bg.is_contiguous());
+    const Tensor yc = a.matmul(b), yg = ag.matmul(bg);
+    ASSERT_EQ(yg.dims(), yc.dims());
+    const std::vector<double> scale =
+        values(a.to_dtype(DType::F64).abs().matmul(b.to_dtype(DType::F64).abs()));
+    const std::vector<double> gv = values(yg), cv = values(yc);
+    std::vector<double> bound(cv.size());
+    const double kk = static_cast<double>(a.dim(-1));
+    for (size_t j = 0; j < cv.size(); ++j)
+      bound[j] = 4.0 * kk * compute_u(DType::F32) * scale[j] + 1e-30;
+    EXPECT_TRUE(within(gv, cv, bound));
+  }
+}
+
 // The same product twice: the same bits (cuBLAS picks one algorithm per shape).
 TEST_F(CudaMatmul, DeterministicAndF32IsNotTf32) {
   Tf32Guard tf32(false);
@@ -1478,18 +1525,46 @@ TEST_F(CudaIndex, ScatterAddManyHitsIsDeterministic) {
   }
 }
 
+// The kernels check indices (the host does not read them): the op returns, and the next
+// synchronisation (a copy to the host, synchronize()) raises the Error naming the op, the index,
+// the dim and its size. Once: the device goes on afterwards.
 TEST_F(CudaIndex, OutOfRangeIndexOnTheGpuThrowsErrorNamingTheOp) {
   const Tensor x = random_tensor(Shape({5, 4}), DType::F32, kGpu, 1);
   const Tensor bad = to_gpu(index_tensor({0, 7, 1}, Shape({3}), DType::I64));
   const Tensor bad2 = to_gpu(index_tensor({0, 1, 2, 3, 4, 9, 0, 1}, Shape({2, 4}), DType::U32));
-  std::string m = error_of([&] { x.index_select(bad, 0); });
-  EXPECT_TRUE(contains(m, "index_select") && contains(m, "7")) << m;
-  m = error_of([&] { x.gather(bad2, 0); });
-  EXPECT_TRUE(contains(m, "gather") && contains(m, "9")) << m;
-  m = error_of([&] { x.scatter_add(bad2, random_tensor(Shape({2, 4}), DType::F32, kGpu, 2), 0); });
-  EXPECT_TRUE(contains(m, "scatter_add") && contains(m, "9")) << m;
+  // Long rows (the row-move kernel) and single elements (the element kernel).
+  const Tensor wide = random_tensor(Shape({5, 64}), DType::F32, kGpu, 3);
+  const Tensor src = random_tensor(Shape({2, 4}), DType::F32, kGpu, 2);
+  const Tensor many = to_gpu(index_tensor(std::vector<int64_t>(200, -2), Shape({100, 2}), DType::I64));
+  const std::vector<std::tuple<std::string, std::function<Tensor()>, std::string>> cases = {
+      {"index_select", [&] { return x.index_select(bad, 0); }, "index 7 is out of range for dim 0 of size 5"},
+      {"index_select rows", [&] { return wide.index_select(bad, 0); }, "index 7"},
+      {"gather", [&] { return x.gather(bad2, 0); }, "index 9 is out of range for dim 0 of size 5"},
+      {"scatter_add (serial)", [&] { return x.scatter_add(bad2, src, 0); }, "index 9"},
+      {"scatter_add (sorted)",
+       [&] {
+         return Tensor::zeros(Shape({3, 2}), DType::F32, kGpu)
+             .scatter_add(many, random_tensor(Shape({100, 2}), DType::F32, kGpu, 4), 0);
+       },
+       "index -2 is out of range for dim 0 of size 3"},
+  };
+  for (const auto& [name, run, says] : cases) {
+    SCOPED_TRACE(name);
+    Tensor y;
+    EXPECT_NO_THROW(y = run());
+    const std::string m = error_of([&] { (void)values(y); });
+    EXPECT_TRUE(contains(m, name.substr(0, name.find(' '))) && contains(m, says)) << m;
+    EXPECT_NO_THROW(synchronize(kGpu));  // reported once
+  }
+  const std::string m = error_of([&] {
+    (void)x.index_select(bad, 0);
+    synchronize(kGpu);
+  });
+  EXPECT_TRUE(contains(m, "index_select") && contains(m, "index 7")) << m;
   // The device is still usable afterwards.
   EXPECT_TRUE(same_bits(x + x, to_cpu(x) + to_cpu(x)));
+  EXPECT_TRUE(same_bits(x.index_select(to_gpu(index_tensor({4, 0}, Shape({2}), DType::I64)), 0),
+                        to_cpu(x).index_select(index_tensor({4, 0}, Shape({2}), DType::I64), 0)));
 }
 
 // ---- fused ops: CUDA runs the composed forms --------------------------------------------------

@@ -26,8 +26,11 @@ namespace {
 using namespace taper::nn;
 namespace F = taper::nn::functional;
 using testing::all_close;
+using testing::contains;
+using testing::error_of;
 using testing::grad_check;
 using testing::random_tensor;
+using testing::test_devices;
 using testing::values;
 
 // ---- helpers ----------------------------------------------------------------------------------
@@ -621,6 +624,51 @@ TEST(NnLoss, ReducedLossesAreRankZero) {
   Var v = Var::from_tensor(logits);
   const Tensor l = cross_entropy(v, tgt);
   EXPECT_EQ(l.backward(Tensor::ones({}, DType::F32)).get(v)->dims(), logits.dims());
+}
+
+// Targets on the logits' device: the same losses and gradients as CPU targets; on a GPU the
+// host never reads them (no wait per step), and a bad target surfaces at the next
+// synchronisation as gather's Error naming the index and the class count.
+TEST(NnLoss, TargetsOnEveryDeviceGiveTheCpuLoss) {
+  const Tensor logits = random_tensor({2, 3, 5}, DType::F32, 97, -3.0, 3.0);
+  const Tensor t64 = Tensor::from_vector(std::vector<int64_t>{0, 4, -100, 2, 1, 3}, {2, 3});
+  const Tensor t32 = Tensor::from_vector(std::vector<uint32_t>{0, 4, 7, 2, 1, 3}, {2, 3});
+  const Tensor u32 = Tensor::from_vector(std::vector<uint32_t>{0, 4, 1, 2, 1, 3}, {2, 3});
+  for (Device dev : test_devices()) {
+    SCOPED_TRACE(dev.to_string());
+    const Tensor ld = logits.to_device(dev);
+    for (const auto& [tgt, ignore] : std::vector<std::pair<Tensor, int64_t>>{
+             {t64, -100}, {t32, 7}, {u32, -100}}) {
+      for (Reduction r : {Reduction::Mean, Reduction::Sum, Reduction::None})
+        for (double smooth : {0.0, 0.1}) {
+          const auto o = CrossEntropyOptions().ignore_index(ignore).reduction(r)
+                             .label_smoothing(smooth);
+          const Tensor want = cross_entropy(logits, tgt, o);
+          Var lv = Var::from_tensor(ld);
+          const Tensor got = cross_entropy(lv, tgt.to_device(dev), o);
+          EXPECT_EQ(got.dims(), want.dims());
+          EXPECT_TRUE(all_close(values(got), values(want), 1e-6, 1e-6));
+          Var lc = Var::from_tensor(logits);
+          const auto gw = values(*cross_entropy(lc, tgt, o).sum_all().backward().get(lc));
+          EXPECT_TRUE(all_close(values(*got.sum_all().backward().get(lv)), gw, 1e-6, 1e-7));
+        }
+      const auto no = NllLossOptions().ignore_index(ignore);
+      EXPECT_NEAR(nll_loss(ld, tgt.to_device(dev), no).item(), nll_loss(logits, tgt, no).item(),
+                  1e-6);
+    }
+    const Tensor bad = Tensor::from_vector(std::vector<int64_t>{0, 5, 1, 2, 3, 4}, {2, 3});
+    if (dev.is_cpu()) {
+      const std::string e = error_of([&] { (void)cross_entropy(ld, bad); });
+      EXPECT_TRUE(contains(e, "cross_entropy") && contains(e, "target 5")) << e;
+    } else {
+      Tensor l;
+      EXPECT_NO_THROW(l = cross_entropy(ld, bad.to_device(dev)));  // nothing waited for
+      const std::string e = error_of([&] { (void)l.item(); });
+      EXPECT_TRUE(contains(e, "gather") && contains(e, "index 5") && contains(e, "size 5")) << e;
+      EXPECT_NEAR(cross_entropy(ld, t64.to_device(dev)).item(), cross_entropy(logits, t64).item(),
+                  1e-6);  // the error was reported once; the device goes on
+    }
+  }
 }
 
 TEST(NnLoss, NllAndMse) {

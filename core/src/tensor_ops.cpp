@@ -69,8 +69,12 @@ void check_index_dtype(const char* op, const Tensor& idx) {
               idx.shape().to_string());
 }
 
+// On the CPU the indices are host memory: checked here, at once. Other devices check them in
+// their kernels and report a bad one at the next synchronisation (cuda/index.cu): reading them
+// here would copy them back and wait for the device on every call.
 void check_index_range(const char* op, const Tensor& idx, size_t limit, size_t dim,
                        const Shape& of) {
+  if (!idx.device().is_cpu()) return;
   for (int64_t v : idx.to_vector<int64_t>())
     TAPER_CHECK(v >= 0 && static_cast<size_t>(v) < limit, op, ": index ", v,
                 " is out of range for dim ", dim, " of size ", limit, " (tensor ",

@@ -7,11 +7,14 @@ namespace taper::nn {
 
 namespace {
 
-// Targets checked on the host: (safe index per row, keep mask per row, number kept).
+// The targets as the losses use them: a safe index per row, a keep mask per row and how many
+// are kept. CPU targets are read and checked on the host (an Error naming the loss at once).
+// Targets on another device stay there: the mask and the count are tensor ops, and a target out
+// of range is reported by gather's kernel at the next synchronisation (no host read, no wait).
 struct Picked {
-  Tensor index;  // (N, 1) i64; ignored rows point at class 0
+  Tensor index;  // (N, 1) i64 or u32; ignored rows point at class 0
   Tensor keep;   // (N) u8
-  size_t kept = 0;
+  Tensor kept;   // () f32: the number kept
 };
 
 Picked pick(const char* op, const Tensor& scores, const Tensor& targets, int64_t ignore_index) {
@@ -25,20 +28,36 @@ Picked pick(const char* op, const Tensor& scores, const Tensor& targets, int64_t
   lead.pop_back();
   TAPER_CHECK(targets.dims() == lead, op, ": targets ", targets.shape().to_string(),
               " must be the input ", scores.shape().to_string(), " without its class dim");
+  const size_t n = targets.elem_count();
+  const Device dev = scores.device();
+  Picked p;
+  if (!targets.device().is_cpu()) {
+    const bool u32 = targets.dtype() == DType::U32;
+    const bool can_match = !u32 || (ignore_index >= 0 && ignore_index <= int64_t{UINT32_MAX});
+    const Tensor t = targets.reshape(Shape({n}));
+    p.keep = can_match ? t.ne(Tensor::full(Shape({}), static_cast<double>(ignore_index),
+                                           targets.dtype(), dev))
+                       : Tensor::ones(Shape({n}), DType::U8, dev);
+    p.index = p.keep.where_cond(t, Tensor::zeros(Shape({}), targets.dtype(), dev))
+                  .reshape(Shape({n, 1}));
+    p.kept = p.keep.to_dtype(DType::F32).sum_all();
+    return p;
+  }
   const std::vector<int64_t> tv = targets.to_vector<int64_t>();
   std::vector<int64_t> idx(tv.size());
   std::vector<uint8_t> keep(tv.size());
-  Picked p;
+  size_t kept = 0;
   for (size_t i = 0; i < tv.size(); ++i) {
     if (tv[i] == ignore_index) continue;
     TAPER_CHECK(tv[i] >= 0 && static_cast<size_t>(tv[i]) < c, op, ": target ", tv[i],
                 " at position ", i, " is out of range for ", c, " classes");
     idx[i] = tv[i];
     keep[i] = 1;
-    ++p.kept;
+    ++kept;
   }
-  p.index = Tensor::from_vector(idx, Shape({tv.size(), 1}), scores.device());
-  p.keep = Tensor::from_vector(keep, Shape({tv.size()}), scores.device());
+  p.index = Tensor::from_vector(idx, Shape({tv.size(), 1}), dev);
+  p.keep = Tensor::from_vector(keep, Shape({tv.size()}), dev);
+  p.kept = Tensor::full(Shape({}), static_cast<double>(kept), DType::F32, dev);
   return p;
 }
 
@@ -50,7 +69,7 @@ Tensor reduce_loss(const Tensor& per, const Picked& p, const Tensor& targets, Re
     case Reduction::Mean: break;
   }
   // Over the kept targets only; 0/0 = NaN when every target is ignored, as PyTorch.
-  return per.sum_all() / static_cast<double>(p.kept);
+  return per.sum_all() / p.kept.to_dtype(per.dtype());
 }
 
 Tensor nll_rows(const Tensor& logp2, const Picked& p) {

@@ -33,6 +33,9 @@ struct NllLossOptions {
 
 /// Cross entropy from unnormalised logits through the fused log-softmax.
 /// logits: (..., C) float; targets: (...) i64 or u32 class indices in [0, C) or ignore_index.
+/// Targets on the CPU are checked at once (an Error naming the loss and the target); targets on
+/// a GPU are never read by the host: an out-of-range one raises gather's Error at the next
+/// synchronisation (e.g. reading the loss).
 /// Mean: over the targets that are not ignored (NaN when all are, as PyTorch).
 /// None: one loss per target, 0 where ignored.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
