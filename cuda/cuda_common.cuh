@@ -51,8 +51,8 @@ const cudaDeviceProp& device_props(int ordinal);
 /// kernel thread that finds a bad index claims it (flag 0 -> 1), fills it and sets flag 2. The
 /// host reads it after the next stream synchronisation (every copy to the host and
 /// `synchronize`), and raises an Error naming the op, the index, the dim and its size, as the CPU
-/// kernels do at once. A bad index touches nothing outside the op's output meanwhile (reads clamp,
-/// scatter_add skips it).
+/// kernels do at once. Meanwhile a bad index reads and writes nothing (its output element stays
+/// unwritten; the Error says the result is not to be used).
 struct KernelErrorRecord {
   int flag;
   int op;  ///< OpId

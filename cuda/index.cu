@@ -19,7 +19,7 @@
 // back and wait for the device on every call): a bad one is reported to the device's
 // KernelErrorRecord (cuda_common.cuh), which the host turns into an Error naming the op, the
 // index, the dim and its size at the next synchronisation. Meanwhile it never touches memory out
-// of bounds: reads clamp it into [0, D), scatter_add skips it.
+// of bounds: its element (or row) is neither read nor written, and scatter_add skips it.
 // scatter_add is deterministic and equals the CPU bit for bit: each output element is owned by
 // one thread that adds its contributions in source order, as the CPU's sequential loop does, and
 // in the CPU's precision (bf16/f16 add in f32 and round once per add; integers wrap). Two plans:
@@ -73,12 +73,6 @@ __device__ __forceinline__ bool index_ok(int64_t v, int64_t lim, const Fault& f)
   return false;
 }
 
-/// Index value v, reported when bad and then clamped into [0, lim): a bad index reads a valid
-/// element instead of faulting.
-__device__ __forceinline__ int64_t checked_index(int64_t v, int64_t lim, const Fault& f) {
-  if (index_ok(v, lim, f)) return v;
-  return v < 0 ? 0 : lim - 1;
-}
 
 // ---- moves ---------------------------------------------------------------------------------
 
@@ -94,8 +88,11 @@ __global__ void __launch_bounds__(kBlock)
     int64_t off[3];
     s.offsets(i, off);
     int64_t so = off[1];
-    if constexpr (!std::is_same_v<IdxT, NoIdx>)
-      so += checked_index(static_cast<int64_t>(idx[off[2]]), lim, fault) * src_sd;
+    if constexpr (!std::is_same_v<IdxT, NoIdx>) {
+      const int64_t v = static_cast<int64_t>(idx[off[2]]);
+      if (!index_ok(v, lim, fault)) continue;  // nothing read or written (lim may be 0)
+      so += v * src_sd;
+    }
     dst[off[0]] = src[so];
   }
 }
@@ -116,8 +113,11 @@ __global__ void __launch_bounds__(kBlock)
     int64_t off[3];
     outer.offsets(r, off);
     int64_t so = off[1];
-    if constexpr (!std::is_same_v<IdxT, NoIdx>)
-      so += checked_index(static_cast<int64_t>(idx[off[2]]), lim, fault) * src_sd;
+    if constexpr (!std::is_same_v<IdxT, NoIdx>) {
+      const int64_t v = static_cast<int64_t>(idx[off[2]]);
+      if (!index_ok(v, lim, fault)) continue;  // the row is left unwritten (lim may be 0)
+      so += v * src_sd;
+    }
     U* d = reinterpret_cast<U*>(dst + off[0] * es);
     const U* s = reinterpret_cast<const U*>(src + so * es);
     for (int64_t u = static_cast<int64_t>(blockIdx.x) * bx + tx; u < units;
