@@ -496,6 +496,27 @@ Tensor random_ids(size_t b, size_t t, uint64_t seed, Device dev) {
   return Tensor::from_vector(ids, Shape({b, t}), dev);
 }
 
+/// Where the time of `run` goes: two more runs with every kernel call waited for and timed
+/// (taper's op profile), the 16 slowest (op, dtype) rows per run.
+template <class F> void print_op_profile(const char* who, const char* per, F&& run) {
+  reset_op_profile();
+  set_op_profiling(true);
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 2; ++i) run();
+  const double per_run = since(t0) / 2;
+  set_op_profiling(false);
+  const std::vector<OpProfileRow> rows = op_profile();
+  double in_ops = 0.0;
+  for (const OpProfileRow& r : rows) in_ops += r.seconds / 2;
+  std::printf("%s: per-op profile (each kernel call waited for): %.2f ms per %s, %.2f ms of it "
+              "in the calls; the slowest:\n", who, 1e3 * per_run, per, 1e3 * in_ops);
+  for (size_t i = 0; i < rows.size() && i < 16; ++i)
+    std::printf("  %-26s %-5s %5.0f calls %8.3f ms per %s\n",
+                std::string(op_name(rows[i].op)).c_str(),
+                std::string(dtype_name(rows[i].dtype)).c_str(),
+                static_cast<double>(rows[i].calls) / 2, 1e3 * rows[i].seconds / 2, per);
+}
+
 int bench_forward(const Flags& f, Device dev, DType dt, const fs::path& model_dir) {
   auto model = BertModel::from_pretrained(model_dir, dt);
   model->to(dev);
@@ -520,11 +541,13 @@ int bench_forward(const Flags& f, Device dev, DType dt, const fs::path& model_di
   const double cpu_s = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC / reps;
   std::sort(times.begin(), times.end());
   const double med = times[times.size() / 2];
-  std::printf("bench-forward: MiniLM-L6 (%s, %s) batch %zu x seq %zu, %zu threads: median %.3f s "
-              "per batch over %d runs (min %.3f) -> %.1f sentences/s, %.0f tokens/s; process CPU "
-              "time %.3f s per batch\n",
-              f.dtype.c_str(), dev.to_string().c_str(), b, t, taper::num_threads(), med, reps,
-              times.front(), static_cast<double>(b) / med, static_cast<double>(b * t) / med, cpu_s);
+  std::printf("bench-forward: MiniLM-L6 (%s, %s) batch %zu x seq %zu, %zu threads: median %.2f ms "
+              "per batch over %d runs (min %.2f) -> %.1f sentences/s, %.0f tokens/s; process CPU "
+              "time %.2f ms per batch\n",
+              f.dtype.c_str(), dev.to_string().c_str(), b, t, taper::num_threads(), 1e3 * med,
+              reps, 1e3 * times.front(), static_cast<double>(b) / med,
+              static_cast<double>(b * t) / med, 1e3 * cpu_s);
+  print_op_profile("bench-forward", "batch", run);
   return 0;
 }
 
@@ -589,22 +612,7 @@ int bench_train(const Flags& f, Device dev, DType dt, const fs::path& model_dir)
               "(median), %.2f us per call\n",
               static_cast<unsigned long long>(calls), 1e3 * host[host.size() / 2],
               1e6 * host[host.size() / 2] / static_cast<double>(std::max<uint64_t>(calls, 1)));
-  // Where the step's time goes: two more steps with every kernel call waited for and timed.
-  reset_op_profile();
-  set_op_profiling(true);
-  const auto tp = Clock::now();
-  for (int i = 0; i < 2; ++i) step();
-  const double prof_s = since(tp) / 2;
-  set_op_profiling(false);
-  const std::vector<OpProfileRow> rows = op_profile();
-  double in_ops = 0.0;
-  for (const OpProfileRow& r : rows) in_ops += r.seconds / 2;
-  std::printf("bench-train: per-op profile (each kernel call waited for): %.2f ms per step, "
-              "%.2f ms of it in the calls; the slowest:\n", 1e3 * prof_s, 1e3 * in_ops);
-  for (size_t i = 0; i < rows.size() && i < 16; ++i)
-    std::printf("  %-26s %-5s %5.0f calls %8.3f ms per step\n",
-                std::string(op_name(rows[i].op)).c_str(), std::string(dtype_name(rows[i].dtype)).c_str(),
-                static_cast<double>(rows[i].calls) / 2, 1e3 * rows[i].seconds / 2);
+  print_op_profile("bench-train", "step", [&] { step(); });
   return 0;
 }
 
