@@ -10,24 +10,45 @@ bash scripts/fetch_model.sh >/dev/null
 bash scripts/fetch_data.sh >/dev/null
 JOBS=$(nproc)
 T0=$SECONDS
+phase() { echo "== [$((SECONDS - T0)) s] $*"; }
 
-echo "== release build (assertions on)"
+# The GoogleTest suite of build folder $1 as $JOBS shards in parallel, one process each (a
+# process per test, as ctest runs them, costs more than the tests on a 2-core machine), then
+# the build's ctest entries labelled `script` (tests/CMakeLists.txt: programs, not GoogleTest
+# cases). A failing shard's log is printed. `ctest --test-dir DIR` still runs everything.
+run_suite() {
+  local dir=$1 pids=() rc=0
+  for ((i = 0; i < JOBS; i++)); do
+    GTEST_TOTAL_SHARDS=$JOBS GTEST_SHARD_INDEX=$i timeout 1800 "$dir/tests/taper_tests" \
+      --gtest_brief=1 >"$dir/shard$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for ((i = 0; i < JOBS; i++)); do
+    if ! wait "${pids[$i]}"; then rc=1; echo "-- shard $i of $dir failed:"; cat "$dir/shard$i.log"; fi
+  done
+  grep -hE '^\[  (PASSED|SKIPPED) *\]' "$dir"/shard*.log | sort | uniq -c
+  ((rc == 0)) || return 1
+  ctest --test-dir "$dir" --output-on-failure -j"$JOBS" --timeout 900 -L script --no-tests=ignore
+}
+
+phase "release build (assertions on)"
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DTAPER_ASSERTS=ON -DTAPER_CUDA=AUTO -DTAPER_BENCH_TORCH=OFF >/dev/null
 cmake --build build/release -j"$JOBS"
-ctest --test-dir build/release --output-on-failure -j"$JOBS" --timeout 600
+phase "release tests"
+run_suite build/release
 
-echo "== install + outside consumer project"
+phase "install + outside consumer project"
 rm -rf build/prefix build/consumer
 cmake --install build/release --prefix build/prefix >/dev/null
 cmake -S tests/consumer -B build/consumer -DCMAKE_PREFIX_PATH="$PWD/build/prefix" >/dev/null
 cmake --build build/consumer -j"$JOBS"
 ./build/consumer/consumer
 
-echo "== sanitizer build (ASan + UBSan, AVX2 Highway target only)"
+phase "sanitizer build (ASan + UBSan, AVX2 Highway target only)"
 cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS=-g1 -DTAPER_SANITIZE=ON \
   -DTAPER_HWY_STATIC_ONLY=ON -DTAPER_BUILD_BENCHES=OFF -DTAPER_CUDA=OFF >/dev/null
 cmake --build build/asan -j"$JOBS"
-ASAN_OPTIONS=detect_leaks=1 TAPER_NO_ALLOC_CACHE=1 \
-  ctest --test-dir build/asan --output-on-failure -j"$JOBS" --timeout 900
+phase "sanitizer tests"
+(export ASAN_OPTIONS=detect_leaks=1 TAPER_NO_ALLOC_CACHE=1; run_suite build/asan)
 
-echo "== all tests passed in $((SECONDS - T0)) s"
+phase "all tests passed"
