@@ -1,5 +1,6 @@
 // unary.cu: CUDA kernels of the unary elementwise ops (neg abs exp log sqrt rsqrt recip sqr tanh
-// sigmoid relu gelu gelu_erf silu sin cos powf affine clamp), the twins of cpu/unary.cpp.
+// sigmoid relu gelu gelu_erf silu sin cos powf affine clamp) and gelu_erf_bwd, the twins of
+// cpu/unary.cpp.
 // x: any shape and strides -> y: the same shape and dtype, contiguous.
 //
 // What it is: one grid-stride kernel per (op, dtype) over the row-major output index; x's
@@ -293,6 +294,51 @@ std::vector<Tensor> unary_kernel(const std::vector<Tensor>& in, const OpAttrs& a
   return {y};
 }
 
+// ---- gelu_erf_bwd ----------------------------------------------------------------------------
+
+/// dx = g (Phi(x) + x phi(x)) in f64 for every dtype, as cpu/unary.cpp's GeluErfBwdF64: Phi =
+/// gelu_erf(x) / x (1/2 below |x| = 1e-20), phi = exp(-x^2/2) / sqrt(2 pi), and beyond |x| = 37
+/// the limits 1 (x > 0) and 0. NaN stays NaN.
+__device__ double gelu_erf_bwd_f64(double x, double g) {
+  const double ax = fabs(x);
+  if (ax > 37.0) return g * (x > 0.0 ? 1.0 : 0.0);
+  const double cdf = ax < 1e-20 ? 0.5 : gelu_erf_f64(x) / x;
+  const double pdf = exp((x * x) * -0.5) * 0.3989422804014327;
+  return g * fma(x, pdf, cdf);
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    gelu_erf_bwd_map(const T* __restrict__ x, const T* __restrict__ g, T* __restrict__ dx,
+                     int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kThreads)
+    dx[i] = round_to<T>(gelu_erf_bwd_f64(static_cast<double>(widen(x[i])),
+                                         static_cast<double>(widen(g[i]))));
+}
+
+/// (x, g) -> dx, both contiguous (registered needs_contiguous), x's shape.
+std::vector<Tensor> gelu_erf_bwd_kernel(const std::vector<Tensor>& in, const OpAttrs&) {
+  const Tensor& x = in[0];
+  const Tensor& g = in[1];
+  TAPER_ASSERT(x.shape() == g.shape() && x.dtype() == g.dtype());
+  Tensor dx = new_output(x.shape(), x.dtype(), x);
+  const size_t n = x.elem_count();
+  if (n == 0) return {dx};
+  visit_dtype(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (!std::is_integral_v<T>) {
+      const int ord = x.device().ordinal();
+      gelu_erf_bwd_map<T><<<grid_for(n, ord), kThreads, 0, stream(ord)>>>(
+          ptr<const T>(x), ptr<const T>(g), ptr<T>(dx), static_cast<int64_t>(n));
+      TAPER_CUDA_CHECK_LAUNCH("gelu_erf_bwd", in);
+    } else {
+      TAPER_ASSERT(false && "cuda: gelu_erf_bwd of an integer dtype is not registered");
+    }
+  });
+  return {dx};
+}
+
 constexpr uint32_t kIntDTypes =
     dtype_bit(DType::U8) | dtype_bit(DType::U32) | dtype_bit(DType::I64);
 
@@ -320,6 +366,8 @@ struct UnaryRegistrar {
     reg(OpId::powf, &unary_kernel<OpId::powf>, 0);
     reg(OpId::affine, &unary_kernel<OpId::affine>, kIntDTypes);
     reg(OpId::clamp, &unary_kernel<OpId::clamp>, kIntDTypes);
+    register_kernel(OpId::gelu_erf_bwd, DeviceKind::Cuda, kFloatDTypes, &gelu_erf_bwd_kernel,
+                    /*needs_contiguous=*/true);
   }
 };
 const UnaryRegistrar g_unary_registrar;

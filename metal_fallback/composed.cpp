@@ -7,7 +7,7 @@
 // primitives. bf16/f16 inputs are upcast to f32 first, computed in f32 and cast back once (one
 // rounding, as the fused kernels). Also the reference the fused ops are tested and benched
 // against.
-// The composed forms of the backward ops (softmax_last_dim_bwd, ..., group_norm_bwd) are the
+// The composed forms of the backward ops (gelu_erf_bwd, softmax_last_dim_bwd, ..., group_norm_bwd) are the
 // backward formulas from primitive ops: what runs where a device has no kernel for them, and the
 // reference their kernels are tested against.
 // What it is not: fast (every step is a pass over memory).
@@ -111,6 +111,18 @@ std::vector<Tensor> layer_norm_fn(const std::vector<Tensor>& in, const OpAttrs& 
 }
 std::vector<Tensor> group_norm_fn(const std::vector<Tensor>& in, const OpAttrs& a) {
   return {group_norm(in[0], static_cast<size_t>(a.i0), arg(in, 1), arg(in, 2), a.f0)};
+}
+
+/// gelu_erf_bwd, in = {x, g}: g (Phi(x) + x phi(x)) in the compute dtype, Phi = gelu_erf(x) / x
+/// (1/2 where |x| < 1e-30), phi = exp(-x^2/2) / sqrt(2 pi); rounded once to x's dtype. (+-inf
+/// give NaN here, where the kernels give their limits g and 0.)
+std::vector<Tensor> gelu_erf_bwd_fn(const std::vector<Tensor>& in, const OpAttrs&) {
+  const Tensor x = upcast(in[0]), g = upcast(in[1]);
+  const auto full = [&](double v) { return Tensor::full(Shape({}), v, x.dtype(), x.device()); };
+  const Tensor small = x.abs().lt(full(1e-30));
+  const Tensor cdf = small.where_cond(full(0.5), x.gelu_erf() / small.where_cond(full(1.0), x));
+  const Tensor pdf = (x * x * -0.5).exp() * 0.3989422804014327;  // 1 / sqrt(2 pi)
+  return {downcast(g * (cdf + x * pdf), in[0].dtype())};
 }
 
 /// The dedicated softmax backward ops, in = {x, stats, dy}, stats (..., 2) = (max m, log-sum l)
@@ -242,6 +254,7 @@ struct Registrar {
     register_composed(OpId::adamw_step, &adamw_step_fn);
     register_composed(OpId::softmax_last_dim, &softmax_fn);
     register_composed(OpId::log_softmax_last_dim, &log_softmax_fn);
+    register_composed(OpId::gelu_erf_bwd, &gelu_erf_bwd_fn);
     register_composed(OpId::softmax_last_dim_bwd, &softmax_bwd_fn);
     register_composed(OpId::log_softmax_last_dim_bwd, &log_softmax_bwd_fn);
     register_composed(OpId::rms_norm, &rms_norm_fn);

@@ -528,6 +528,30 @@ INSTANTIATE_TEST_SUITE_P(Cuda, CudaUnaryInt,
                                              std::string(dtype_name(std::get<1>(i.param))));
                          });
 
+// gelu_erf_bwd (GELU's backward in one pass, f64 inside for every dtype): the GPU's bits are the
+// CPU kernel's up to one rounding of the dtype (the f64 exp and erfc differ in the last bits),
+// strided inputs included, and the limits at +-inf and NaN are the same.
+TEST_F(CudaElementwise, GeluErfBwdMatchesTheCpuKernel) {
+  for (DType dt : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = random_tensor(Shape({33, 61}), dt, 71, -9.0, 9.0);
+    const Tensor g = random_tensor(Shape({61, 33}), dt, 72).t();  // strided
+    const std::vector<double> c = values(dispatch1(OpId::gelu_erf_bwd, {x, g}));
+    const std::vector<double> d = values(dispatch1(OpId::gelu_erf_bwd, {to_gpu(x), to_gpu(g.contiguous()).t().t()}));
+    const std::vector<double> gv = values(g);
+    std::vector<double> bound(c.size());
+    for (size_t i = 0; i < c.size(); ++i)
+      bound[i] = (dt == DType::F64 ? 1e-13 : 2 * unit_roundoff(dt)) * std::abs(c[i]) +
+                 1e-14 * std::abs(gv[i]) + tiny_of(dt);
+    EXPECT_TRUE(within(d, c, bound));
+    const double inf = std::numeric_limits<double>::infinity();
+    const Tensor sx = Tensor::from_vector(std::vector<double>{inf, -inf, NAN, 0.0}, {4}).to_dtype(dt);
+    const Tensor sg = Tensor::from_vector(std::vector<double>{0.75, 0.75, 1.0, 2.0}, {4}).to_dtype(dt);
+    EXPECT_TRUE(same_bits(dispatch1(OpId::gelu_erf_bwd, {to_gpu(sx), to_gpu(sg)}),
+                          dispatch1(OpId::gelu_erf_bwd, {sx, sg})));
+  }
+}
+
 // NaN, infinities, signed zeros, huge and tiny inputs: the same values (±0 equal) or within the
 // bound. gelu, gelu_erf and silu at -inf are 0 * inf in their formulas: no contract there.
 TEST_F(CudaElementwise, UnarySpecialValues) {

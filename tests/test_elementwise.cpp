@@ -41,7 +41,7 @@ TAPER_COVERS(Forward, OpId::neg, OpId::abs, OpId::exp, OpId::log, OpId::sqrt, Op
              OpId::gelu_erf, OpId::silu, OpId::sin, OpId::cos, OpId::powf, OpId::affine,
              OpId::clamp, OpId::add, OpId::sub, OpId::mul, OpId::div, OpId::maximum,
              OpId::minimum, OpId::eq, OpId::ne, OpId::lt, OpId::le, OpId::gt, OpId::ge,
-             OpId::where_cond, OpId::mul_add);
+             OpId::where_cond, OpId::mul_add, OpId::gelu_erf_bwd);
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -360,6 +360,75 @@ TEST(ElementwiseUnary, GeluErfTailIsRelativelyAccurate) {
     const double r = cpu::ref::unary(OpId::gelu_erf, xs[i]);
     EXPECT_LE(std::abs(got[i] - r), 10 * unit_roundoff(DType::F64) * std::abs(r)) << xs[i];
   }
+}
+
+// gelu_erf_bwd, (x, g) -> g (Phi(x) + x phi(x)): against a long-double reference rounded once
+// to each dtype, on every SIMD target, odd sizes and strided inputs (the same bits); its limits
+// beyond |x| = 37 (so +inf -> g, -inf -> 0) and NaN; and against its composed form in f64.
+/// Phi(x) + x phi(x), and the size of its terms |Phi| + |x phi| (the sum crosses 0 near
+/// x = -0.75, where only an absolute bound on the terms' scale makes sense).
+std::pair<long double, long double> gelu_erf_grad_ref(long double x) {
+  const long double phi = std::exp(-0.5L * x * x) / std::sqrt(2.0L * 3.14159265358979323846264L);
+  const long double cdf = 0.5L * std::erfc(-x / std::sqrt(2.0L));
+  return {cdf + x * phi, std::fabs(cdf) + std::fabs(x * phi)};
+}
+
+TEST(ElementwiseUnary, GeluErfBwdMatchesReferenceOnEveryDtypeAndTarget) {
+  std::vector<double> xs = {0.0, -0.0, 1e-25, -1e-25, 1e-8, 0.25, -0.5, 0.5, 1, -1, 2.5, -3,
+                            5, -7.25, 10, -14.5, 20, -30, 36.9, -36.9, 37.5, -37.5, 100, -1e30};
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<double> u(-9.0, 9.0);
+  while (xs.size() < 1037) xs.push_back(u(rng));
+  std::vector<double> gs(xs.size());
+  for (double& g : gs) g = u(rng) / 3;
+  for_each_target([&](int64_t) {
+    for (DType dt : {DType::F64, DType::F32, DType::BF16, DType::F16}) {
+      SCOPED_TRACE(dtype_name(dt));
+      const Tensor x = Tensor::from_vector(xs, Shape({xs.size()})).to_dtype(dt);
+      const Tensor g = Tensor::from_vector(gs, Shape({gs.size()})).to_dtype(dt);
+      const std::vector<double> got = values(dispatch1(OpId::gelu_erf_bwd, {x, g}));
+      const std::vector<double> xv = values(x), gv = values(g);
+      for (size_t i = 0; i < xv.size(); ++i) {
+        if (!std::isfinite(xv[i])) continue;  // -1e30 in f16 is -inf: the limits below
+        const auto [ref, terms] = gelu_erf_grad_ref(xv[i]);
+        const double w = static_cast<double>(static_cast<long double>(gv[i]) * ref);
+        // The f64 evaluation is within a few ulp of the terms' scale (the rounding of x^2 in
+        // exp(-x^2/2) adds x^2/2 ulp, up to ~700 at |x| = 37; the limit taken beyond |x| = 37
+        // drops values under 1e-293); the other dtypes round that value once more.
+        const double u64 = unit_roundoff(DType::F64), x2 = xv[i] * xv[i];
+        const double scale = std::abs(gv[i]) * static_cast<double>(terms);
+        const double tol = (8 + x2) * u64 * scale + 1e-293 +
+                           (dt == DType::F64 ? 0.0 : unit_roundoff(dt) * std::abs(w) + tiny_of(dt));
+        EXPECT_LE(std::abs(got[i] - w), tol) << "x " << xv[i] << " g " << gv[i];
+      }
+      // Strided inputs (transposed views) give the contiguous bits.
+      const Tensor x2 = x.narrow(0, 0, 1036).reshape({28, 37});
+      const Tensor g2 = g.narrow(0, 0, 1036).reshape({28, 37});
+      const Tensor xt = x2.t().contiguous().t(), gt = g2.t().contiguous().t();
+      EXPECT_EQ(values(dispatch1(OpId::gelu_erf_bwd, {xt, gt})),
+                values(dispatch1(OpId::gelu_erf_bwd, {x2, g2})));
+      // Limits and NaN.
+      const double inf = std::numeric_limits<double>::infinity();
+      const Tensor sx = Tensor::from_vector(std::vector<double>{inf, -inf, NAN}, {3}).to_dtype(dt);
+      const Tensor sg = Tensor::from_vector(std::vector<double>{0.75, 0.75, 1.0}, {3}).to_dtype(dt);
+      const std::vector<double> sv = values(dispatch1(OpId::gelu_erf_bwd, {sx, sg}));
+      EXPECT_EQ(sv[0], 0.75);
+      EXPECT_EQ(sv[1], 0.0);
+      EXPECT_TRUE(std::isnan(sv[2]));
+    }
+  });
+  // The composed form (what a device without the kernel runs) agrees in f64 away from the
+  // infinities, where it gives NaN.
+  const Tensor x = Tensor::from_vector(xs, Shape({xs.size()}));
+  const Tensor g = Tensor::from_vector(gs, Shape({gs.size()}));
+  const std::vector<double> k = values(dispatch1(OpId::gelu_erf_bwd, {x, g}));
+  std::vector<double> c;
+  {
+    ComposedOnlyGuard only({OpId::gelu_erf_bwd});
+    c = values(dispatch1(OpId::gelu_erf_bwd, {x, g}));
+  }
+  EXPECT_TRUE(all_close(c, k, 1e-13, 1e-300));
+  EXPECT_NE(c, k);  // the guard did reach the composed form (not the same bits everywhere)
 }
 
 // Rank 0 (one element, no dims) and empty tensors go through the same kernels.

@@ -121,6 +121,8 @@ std::vector<Case> cases() {
          {Shape({3, 4})}, [fn](const In& x, Device) { return fn(x[0].narrow(1, 1, 0)); },
          Shape({3, 0})});
   }
+  add({"gelu_erf backward (2,0,3)", {O::gelu_erf, O::gelu_erf_bwd}, {Shape({2, 0, 3})},
+       [](const In& x, Device) { return x[0].gelu_erf(); }, Shape({2, 0, 3})});
   // ---- binary, ternary ----
   const std::vector<std::pair<O, std::function<Tensor(const Tensor&, const Tensor&)>>> binary = {
       {O::add, [](const Tensor& a, const Tensor& b) { return a.add(b); }},

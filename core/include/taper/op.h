@@ -46,6 +46,7 @@ namespace taper {
   X(relu, 1, 1, true)                         \
   X(gelu, 1, 1, true)                         \
   X(gelu_erf, 1, 1, true)                     \
+  X(gelu_erf_bwd, 2, 1, false)                \
   X(silu, 1, 1, true)                         \
   X(sin, 1, 1, true)                          \
   X(cos, 1, 1, true)                          \
