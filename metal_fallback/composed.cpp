@@ -79,6 +79,9 @@ Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps)
 
 Tensor group_norm(const Tensor& x, size_t num_groups, const Tensor& w, const Tensor& b,
                   double eps) {
+  TAPER_CHECK(x.rank() >= 2 && num_groups > 0 && x.dim(1) % num_groups == 0,
+              "group_norm (composed): ", x.shape().to_string(), " does not split into ",
+              num_groups, " groups of channels");
   const size_t N = x.dim(0), C = x.dim(1), G = num_groups;
   size_t S = 1;  // spatial positions per channel
   for (size_t k = 2; k < x.rank(); ++k) S *= x.dim(static_cast<int64_t>(k));

@@ -116,6 +116,20 @@ TEST(Sizes, ElementCountsThatWrapAreErrorsNamingTheOp) {
   EXPECT_NE(e.find("from_vector"), std::string::npos) << e;
   // A zero dim makes the count 0 however large the others are.
   EXPECT_EQ(Tensor::zeros({big, big, 0}, DType::F32).elem_count(), 0u);
+  // Found by fuzz/fuzz_ops.cpp: no elements, but strides past int64 (UBSan overflow before); a
+  // count past 2^64 (a float-to-int cast past its range); groups past int64 with C = 0 (a
+  // negative attribute, an assertion); the composed group norm of 0 groups (a division by 0).
+  e = error_of([&] {
+    Tensor::zeros({0, size_t{1} << 31, size_t{1} << 31, size_t{1} << 31}, DType::F32);
+  });
+  EXPECT_NE(e.find("strides overflow int64"), std::string::npos) << e;
+  e = error_of([&] { Tensor::arange(0, 1e30, 1, DType::F32); });
+  EXPECT_NE(e.find("arange"), std::string::npos) << e;
+  EXPECT_NE(e.find("2^60"), std::string::npos) << e;
+  e = error_of([&] { ops::group_norm(Tensor::zeros({3, 0}, DType::F32), SIZE_MAX, Tensor(), Tensor(), 1e-5); });
+  EXPECT_NE(e.find("group_norm"), std::string::npos) << e;
+  e = error_of([&] { composed::group_norm(Tensor::ones({2, 3}, DType::F32), 0, Tensor(), Tensor(), 1e-5); });
+  EXPECT_NE(e.find("group_norm (composed)"), std::string::npos) << e;
 }
 
 TEST(Sizes, HugeAllocationsAreOutOfMemoryErrorsNotHangs) {

@@ -38,7 +38,11 @@ std::vector<int64_t> Shape::contiguous_strides() const {
   int64_t acc = 1;
   for (size_t i = dims_.size(); i-- > 0;) {
     st[i] = acc;
-    acc *= static_cast<int64_t>(dims_[i]);
+    // The outermost dim's product is no stride. A shape with no elements passes the element
+    // count check whatever its other dims, so their products are checked here.
+    TAPER_CHECK(i == 0 || (dims_[i] <= static_cast<size_t>(INT64_MAX) &&
+                           !__builtin_mul_overflow(acc, static_cast<int64_t>(dims_[i]), &acc)),
+                "shape ", to_string(), ": its row-major strides overflow int64");
   }
   return st;
 }

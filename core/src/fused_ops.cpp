@@ -74,9 +74,10 @@ Tensor group_norm(const Tensor& x, size_t num_groups, const Tensor& w, const Ten
   check_float("group_norm", x);
   check_eps("group_norm", eps);
   TAPER_CHECK(x.rank() >= 2, "group_norm: needs (N, C, *) input, got ", x.shape().to_string());
-  TAPER_CHECK(num_groups > 0 && x.dim(1) % num_groups == 0, "group_norm: ", x.dim(1),
-              " channels of ", x.shape().to_string(), " do not split into ", num_groups,
-              " groups");
+  TAPER_CHECK(num_groups > 0 && x.dim(1) % num_groups == 0 &&
+                  num_groups <= (x.dim(1) ? x.dim(1) : size_t{65536}),  // C = 0: any G divides it
+              "group_norm: ", x.dim(1), " channels of ", x.shape().to_string(),
+              " do not split into ", num_groups, " groups");
   check_affine("group_norm", "weight", w, x, x.dim(1));
   check_affine("group_norm", "bias", b, x, x.dim(1));
   OpAttrs a;

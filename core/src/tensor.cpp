@@ -73,6 +73,8 @@ Tensor Tensor::arange(double start, double end, double step, DType dt, Device de
   TAPER_CHECK(step != 0.0 && std::isfinite(start) && std::isfinite(end) && std::isfinite(step),
               "arange: bad range start=", start, " end=", end, " step=", step);
   const double n = std::ceil((end - start) / step);
+  TAPER_CHECK(!(n > 1.1529215046068470e18), "arange: [", start, ", ", end, ") in steps of ",
+              step, " has ", n, " elements, more than 2^60");
   OpAttrs a;
   a.shape = {n > 0 ? static_cast<size_t>(n) : 0};
   a.dtype = dt;

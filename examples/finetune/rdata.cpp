@@ -281,7 +281,12 @@ class Reader {
       if (cls == "compact_intseq") {
         v.type = RType::Int;
         v.ints.resize(count);
-        for (size_t i = 0; i < count; ++i) v.ints[i] = static_cast<int32_t>(first + step * static_cast<double>(i));
+        for (size_t i = 0; i < count; ++i) {
+          const double x = first + step * static_cast<double>(i);
+          // An integer sequence must stay in int32 (R's own range; a cast past it is undefined).
+          if (!(x >= -2147483647.0 && x <= 2147483647.0)) fail(str_cat("bad ", cls, " value ", x));
+          v.ints[i] = static_cast<int32_t>(x);
+        }
       } else {
         v.type = RType::Real;
         v.reals.resize(count);
@@ -489,7 +494,8 @@ LazyLoadDb::LazyLoadDb(const std::filesystem::path& path) {
       if (c.type == RType::Lgl || c.type == RType::Int) {
         if (!c.ints.empty()) compression_ = c.ints[0];
       } else if (c.type == RType::Real && !c.reals.empty()) {
-        compression_ = static_cast<int>(c.reals[0]);
+        const double r = c.reals[0];
+        compression_ = (r >= 0 && r <= 1000) ? static_cast<int>(r) : -1;  // -1: refused below
       }
     }
   }
@@ -508,8 +514,12 @@ LazyLoadDb::LazyLoadDb(const std::filesystem::path& path) {
       off = key.ints[0];
       len = key.ints[1];
     } else if (key.type == RType::Real && key.reals.size() == 2) {
-      off = static_cast<int64_t>(key.reals[0]);
-      len = static_cast<int64_t>(key.reals[1]);
+      // Doubles outside [0, 2^62] (or NaN) stay -1: a bad key, not an undefined cast.
+      const auto as_i64 = [](double r) {
+        return r >= 0 && r <= 4611686018427387904.0 ? static_cast<int64_t>(r) : int64_t{-1};
+      };
+      off = as_i64(key.reals[0]);
+      len = as_i64(key.reals[1]);
     }
     if (off < 0 || len < 0) {
       throw taper::Error(str_cat("rdata: ", what, ": bad (offset, length) key for '", names[i], "'"));
@@ -539,7 +549,7 @@ RValue LazyLoadDb::get(std::string_view name) const {
   if (!f) throw taper::Error(str_cat("rdata: cannot open ", rdb_path_.string()));
   f.seekg(0, std::ios::end);
   const auto file_size = static_cast<int64_t>(f.tellg());
-  if (off + len > file_size || len < 5) {
+  if (len < 5 || off > file_size || len > file_size - off) {  // no off + len overflow
     throw taper::Error(str_cat("rdata: ", what, ": entry (", off, ", ", len, ") lies outside the file of ",
                                file_size, " bytes"));
   }
