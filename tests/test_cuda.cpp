@@ -2263,7 +2263,7 @@ std::set<std::string_view> tested_ops() {
                   OpId::softmax_last_dim, OpId::log_softmax_last_dim, OpId::softmax_last_dim_bwd,
                   OpId::log_softmax_last_dim_bwd, OpId::rms_norm, OpId::layer_norm,
                   OpId::group_norm, OpId::rms_norm_bwd, OpId::layer_norm_bwd,
-                  OpId::group_norm_bwd})
+                  OpId::group_norm_bwd, OpId::gelu_erf_bwd})
     s.insert(op_name(op));
   s.insert("adamw_step");
   return s;
