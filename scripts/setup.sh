@@ -2,7 +2,8 @@
 # setup.sh: installs the Debian packages taper builds with, when any is missing. Idempotent: when
 # everything is present it only checks (well under a second).
 set -euo pipefail
-PKGS=(cmake g++ make pkg-config libhwy-dev libopenblas-dev libgtest-dev libbenchmark-dev zlib1g-dev)
+PKGS=(cmake g++ make pkg-config libhwy-dev libopenblas-dev libgtest-dev libbenchmark-dev zlib1g-dev
+      clang libclang-rt-14-dev)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

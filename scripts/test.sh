@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# test.sh: builds taper and passes the test suite: a Release build with assertions on, the
-# suite under AddressSanitizer + UndefinedBehaviorSanitizer, and an outside CMake project built
-# against the installed package (find_package(taper CONFIG REQUIRED)).
+# test.sh: builds taper and passes the test suite: a Release build with assertions on, an
+# outside CMake project built against the installed package (find_package(taper CONFIG
+# REQUIRED)), the suite under AddressSanitizer + UndefinedBehaviorSanitizer (clang), and the
+# libFuzzer targets of fuzz/ for a fixed number of runs (scripts/fuzz.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -44,11 +45,16 @@ cmake -S tests/consumer -B build/consumer -DCMAKE_PREFIX_PATH="$PWD/build/prefix
 cmake --build build/consumer -j"$JOBS"
 ./build/consumer/consumer
 
-phase "sanitizer build (ASan + UBSan, AVX2 Highway target only)"
-cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS=-g1 -DTAPER_SANITIZE=ON \
-  -DTAPER_HWY_STATIC_ONLY=ON -DTAPER_BUILD_BENCHES=OFF -DTAPER_CUDA=OFF >/dev/null
+# One clang build serves the suite under the sanitizers and the libFuzzer targets (fuzz/), so
+# the library is compiled once for both.
+phase "sanitizer build (clang, ASan + UBSan + libFuzzer coverage, AVX2 Highway target only)"
+cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS=-g1 -DCMAKE_CXX_COMPILER=clang++ \
+  -DTAPER_SANITIZE=ON -DTAPER_FUZZ=ON -DTAPER_HWY_STATIC_ONLY=ON -DTAPER_BUILD_BENCHES=OFF \
+  -DTAPER_CUDA=OFF >/dev/null
 cmake --build build/asan -j"$JOBS"
 phase "sanitizer tests"
 (export ASAN_OPTIONS=detect_leaks=1 TAPER_NO_ALLOC_CACHE=1; run_suite build/asan)
+phase "fuzzers (a fixed number of runs each, from a fixed seed)"
+FUZZ_BUILD=build/asan bash scripts/fuzz.sh
 
 phase "all tests passed"

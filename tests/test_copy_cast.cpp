@@ -153,7 +153,7 @@ constexpr Size2 kSizes[] = {{1, 1}, {1, 7}, {3, 11}, {37, 29}, {260, 301}};
 class ToDtype : public ::testing::TestWithParam<std::tuple<DType, DType>> {};
 
 TEST_P(ToDtype, EveryLayoutAndSizeMatchesReferenceBitExact) {
-  const auto [from, to] = GetParam();
+  const DType from = std::get<0>(GetParam()), to = std::get<1>(GetParam());
   visit_dtype(from, [&](auto s_tag) {
     using S = decltype(s_tag);
     visit_dtype(to, [&](auto d_tag) {

@@ -134,9 +134,11 @@ TEST(Sizes, ElementCountsThatWrapAreErrorsNamingTheOp) {
 
 TEST(Sizes, HugeAllocationsAreOutOfMemoryErrorsNotHangs) {
   // (Sizes the host could try to map are left out: ASan aborts on those instead of failing.)
-  for (const auto& [n, dt] : {std::pair{(size_t{1} << 61) + 1, DType::F32},
-                              std::pair{size_t{1} << 60, DType::F64},
-                              std::pair{(size_t{1} << 60) - 1, DType::F64}}) {
+  for (const auto& c : {std::pair{(size_t{1} << 61) + 1, DType::F32},
+                        std::pair{size_t{1} << 60, DType::F64},
+                        std::pair{(size_t{1} << 60) - 1, DType::F64}}) {
+    const size_t n = c.first;
+    const DType dt = c.second;
     const std::string e = error_of([&] { Tensor::empty({n}, dt, Device::cpu()); });
     EXPECT_TRUE(e.find("out of memory") != std::string::npos || e.find("2^60") != std::string::npos)
         << n << ": " << e;

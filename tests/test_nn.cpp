@@ -57,7 +57,9 @@ void randomize(Module& m, uint64_t seed, double lo = -1.0, double hi = 1.0) {
     return (f() * probe).sum_all().item();
   };
   GradStore gs = (f() * probe).sum_all().backward();
-  for (auto& [name, p] : m.named_parameters()) {
+  for (auto& named : m.named_parameters()) {
+    const auto& name = named.first;
+    auto& p = named.second;  // not a structured binding: clang 14 cannot capture one
     const std::optional<Tensor> g = gs.get(p);
     if (!g) return ::testing::AssertionFailure() << "no gradient reached " << name;
     if (g->shape() != p.shape())

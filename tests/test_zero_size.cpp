@@ -141,8 +141,9 @@ std::vector<Case> cases() {
   const std::vector<std::pair<Shape, Shape>> pairs = {
       {Shape({0, 3}), Shape({0, 3})}, {Shape({0, 3}), Shape({3})}, {Shape({3, 0}), Shape({1, 0})},
       {Shape({2, 0, 3}), Shape({0, 3})}, {Shape({0, 3}), Shape({})}};
-  for (const auto& [op, fn] : binary)
+  for (const auto& [op, binary_fn] : binary)
     for (const auto& [a, b] : pairs) {
+      const auto fn = binary_fn;  // a copy: clang 14 cannot capture a structured binding
       const Shape out = a.rank() >= b.rank() ? a : b;
       add({std::string(op_name(op)) + " " + a.to_string() + " " + b.to_string(), {op, O::sum},
            {a, b}, [fn](const In& x, Device) { return fn(x[0], x[1]); }, out});
@@ -236,9 +237,11 @@ std::vector<Case> cases() {
     add({"layer_norm without affine " + s.to_string(), {O::layer_norm, O::layer_norm_bwd}, {s},
          [](const In& x, Device) { return ops::layer_norm(x[0], Tensor(), Tensor(), 1e-5); }, s});
   }
-  for (const auto& [s, g] : std::vector<std::pair<Shape, size_t>>{
+  for (const auto& sg : std::vector<std::pair<Shape, size_t>>{
            {Shape({0, 4, 3}), 2}, {Shape({2, 0, 3}), 1}, {Shape({2, 4, 0}), 2},
            {Shape({2, 4, 0, 5}), 4}}) {
+    const Shape& s = sg.first;
+    const size_t g = sg.second;
     const Shape w({s[1]});
     add({"group_norm " + s.to_string() + " groups " + std::to_string(g),
          {O::group_norm, O::group_norm_bwd}, {s, w, w},

@@ -6,6 +6,13 @@
 
 namespace taper::nn::json {
 
+Value::Value() = default;
+Value::Value(const Value&) = default;
+Value::Value(Value&&) noexcept = default;
+Value& Value::operator=(const Value&) = default;
+Value& Value::operator=(Value&&) noexcept = default;
+Value::~Value() = default;
+
 const char* Value::kind_name() const {
   switch (kind) {
     case Kind::Object: return "object";

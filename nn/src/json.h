@@ -33,6 +33,15 @@ struct Value {
   std::vector<Value> array;                           ///< Array
   std::vector<std::pair<std::string, Value>> object;  ///< Object, in text order
 
+  // Declared here and defaulted in json.cpp: clang 14 with libstdc++ 12 (C++20) cannot define
+  // the implicit ones of a type holding vector<pair<string, Value>> (the fuzz build needs clang).
+  Value();
+  Value(const Value&);
+  Value(Value&&) noexcept;
+  Value& operator=(const Value&);
+  Value& operator=(Value&&) noexcept;
+  ~Value();
+
   const char* kind_name() const;
 };
 
