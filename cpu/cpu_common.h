@@ -121,10 +121,14 @@ struct RowSplit {
 };
 /// Whole rows when there are enough of them to keep every thread busy (R >= 2 threads) or a row
 /// is too short to split; otherwise about four tasks a thread, each chunk a multiple of 64 of at
-/// least 4096 elements and at most max_chunk (a chunk's passes stay in cache).
+/// least 4096 elements and at most max_chunk (a chunk's passes stay in cache). The split depends
+/// on the shape only, planned for kPlanThreads threads whatever the count: the chunks' partial
+/// statistics are combined in chunk order, so the results are the same bits at any thread count
+/// (with num_threads() here, a few long rows gave statistics whose last bits moved with it).
+inline constexpr size_t kPlanThreads = 8;
 inline RowSplit split_rows(size_t R, size_t L, size_t max_chunk) {
   constexpr size_t kMinSplitChunk = 4096;  // the smallest chunk worth a task of its own
-  const size_t T = num_threads();
+  const size_t T = kPlanThreads;
   if (R == 0 || R >= 2 * T || L < 2 * kMinSplitChunk) return {L, 1};
   const size_t per_row = (4 * T + R - 1) / R;
   size_t chunk = (L + per_row - 1) / per_row;

@@ -731,29 +731,34 @@ class Program {
     apply(detail::str_cat(describe(a), ".index_select(", describe(idx), ", ", d, ")"),
           [&] { return a.index_select(idx, d); });
   }
-  void step_gather() {
-    const Tensor a = operand();
-    const int64_t d = dim_index(a.rank());
+  /// gather's and scatter_add's index operand along d of `a`: a's dims with a short extent
+  /// along d (now and then dims related to a's), values into a's extent there; none when it
+  /// would be too large.
+  std::optional<Tensor> index_along(const Tensor& a, int64_t d) {
     const size_t r = a.rank();
     const size_t dn = r ? static_cast<size_t>((d % int64_t(r) + int64_t(r)) % int64_t(r)) : 0;
     std::vector<size_t> id = a.dims();
     if (r) id[dn] = small_dim();
     if (in_.one_in(8)) id = related_dims(a.dims());
-    if (!fits(id, kMaxElems)) return;
-    const Tensor idx = indices(id, r ? a.dims()[dn] : 1);
+    if (!fits(id, kMaxElems)) return std::nullopt;
+    return indices(id, r ? a.dims()[dn] : 1);
+  }
+  void step_gather() {
+    const Tensor a = operand();
+    const int64_t d = dim_index(a.rank());
+    const std::optional<Tensor> ix = index_along(a, d);
+    if (!ix) return;
+    const Tensor idx = *ix;
     apply(detail::str_cat(describe(a), ".gather(", describe(idx), ", ", d, ")"),
           [&] { return a.gather(idx, d); });
   }
   void step_scatter_add() {
     const Tensor a = operand();
     const int64_t d = dim_index(a.rank());
-    const size_t r = a.rank();
-    const size_t dn = r ? static_cast<size_t>((d % int64_t(r) + int64_t(r)) % int64_t(r)) : 0;
-    std::vector<size_t> id = a.dims();
-    if (r) id[dn] = small_dim();
-    if (in_.one_in(8)) id = related_dims(a.dims());
-    if (!fits(id, kMaxElems)) return;
-    const Tensor idx = indices(id, r ? a.dims()[dn] : 1);
+    const std::optional<Tensor> ix = index_along(a, d);
+    if (!ix) return;
+    const Tensor idx = *ix;
+    const std::vector<size_t> id = idx.dims();
     const auto src =
         make(in_.one_in(8) ? related_dims(id) : id, in_.one_in(16) ? dtype() : a.dtype());
     if (!src) return;
