@@ -44,13 +44,13 @@ std::vector<Family> families() {
   for (DType dt : {DType::F32, DType::BF16, DType::F64}) {
     const std::string d(dtype_name(dt));
     fs.push_back({"elementwise " + d, [dt] {
-                    const Tensor a = random_tensor(Shape({700, 1500}), dt, 1);
-                    const Tensor b = random_tensor(Shape({1500}), dt, 2);
+                    const Tensor a = random_tensor(Shape({300, 700}), dt, 1);
+                    const Tensor b = random_tensor(Shape({700}), dt, 2);
                     return with_grads({a, b}, [](const std::vector<Tensor>& x) {
                       return (x[0] * x[1]).gelu_erf().exp() + x[0].t().contiguous().t();
                     });
                   }});
-    for (const Shape& s : {Shape({3, 300001}), Shape({4096, 257}), Shape({1, 1 << 20})}) {
+    for (const Shape& s : {Shape({3, 40001}), Shape({1024, 257}), Shape({1, 1 << 17})}) {
       fs.push_back({"reductions " + s.to_string() + " " + d, [dt, s] {
                       const Tensor x = random_tensor(s, dt, 3);
                       return std::vector<Tensor>{x.sum({1}), x.sum({0}), x.max({1}),
@@ -73,7 +73,7 @@ std::vector<Family> families() {
                     }});
     }
     fs.push_back({"group norm " + d, [dt] {
-                    const Tensor x = random_tensor(Shape({2, 8, 90001}), dt, 7);
+                    const Tensor x = random_tensor(Shape({2, 8, 12001}), dt, 7);
                     const Tensor w = random_tensor(Shape({8}), dt, 8);
                     return with_grads({x, w, w}, [](const std::vector<Tensor>& v) {
                       return ops::group_norm(v[0], 2, v[1], v[2], 1e-5);
@@ -87,26 +87,26 @@ std::vector<Family> families() {
                     });
                   }});
     fs.push_back({"index ops and cat " + d, [dt] {
-                    const Tensor table = random_tensor(Shape({30000, 64}), dt, 11);
-                    std::vector<int64_t> ids(4000);
-                    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 7919) % 30000);
+                    const Tensor table = random_tensor(Shape({5000, 64}), dt, 11);
+                    std::vector<int64_t> ids(2000);
+                    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 7919) % 5000);
                     const Tensor idx = Tensor::from_vector(ids, Shape({ids.size()}));
                     return with_grads({table}, [&](const std::vector<Tensor>& v) {
                       const Tensor e = v[0].index_select(idx, 0);
-                      return Tensor::cat({e, e.gather(Tensor::zeros(Shape({4000, 3}), DType::I64), 1)}, 1);
+                      return Tensor::cat({e, e.gather(Tensor::zeros(Shape({2000, 3}), DType::I64), 1)}, 1);
                     });
                   }});
   }
   fs.push_back({"AdamW and random draws", [] {
-                  Var p = Var::from_tensor(random_tensor(Shape({1000, 999}), DType::F32, 12));
+                  Var p = Var::from_tensor(random_tensor(Shape({300, 999}), DType::F32, 12));
                   nn::AdamW opt({p}, nn::AdamWOptions(1e-3).weight_decay(0.01));
                   for (int s = 0; s < 3; ++s) {
                     GradStore g;
-                    g.insert(p, random_tensor(Shape({1000, 999}), DType::F32, 13 + s));
+                    g.insert(p, random_tensor(Shape({300, 999}), DType::F32, 13 + s));
                     opt.step(g);
                   }
-                  return std::vector<Tensor>{p.value(), Tensor::rand(Shape({777, 1001}), DType::F32, Device::cpu(), 5),
-                                             Tensor::randn(Shape({777, 1001}), DType::BF16, Device::cpu(), 6)};
+                  return std::vector<Tensor>{p.value(), Tensor::rand(Shape({300, 1001}), DType::F32, Device::cpu(), 5),
+                                             Tensor::randn(Shape({300, 1001}), DType::BF16, Device::cpu(), 6)};
                 }});
   return fs;
 }
