@@ -9,9 +9,9 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <string_view>
 #include <tuple>
-#include <sstream>
 
 #include "taper/autograd.h"
 #include "taper/op.h"

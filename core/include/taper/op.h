@@ -178,7 +178,8 @@ uint64_t kernel_calls(DeviceKind kind);
 
 /// A per-op profile, to find where a step's device time goes. While it is on, dispatch waits
 /// for the device before and after every kernel call and adds the wall time between to the
-/// op's row, so a row is the device time of that op's kernels plus one launch each. The waits
+/// op's row, so a row is the device time of that op's kernels plus one launch each (a kernel
+/// that dispatches others, as matmul's dense copy of a strided operand, counts them too). The waits
 /// make the whole run slower: time a step with profiling off. `TAPER_PROFILE_OPS=1` turns it on
 /// at start-up.
 struct OpProfileRow {
