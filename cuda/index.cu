@@ -73,7 +73,6 @@ __device__ __forceinline__ bool index_ok(int64_t v, int64_t lim, const Fault& f)
   return false;
 }
 
-
 // ---- moves ---------------------------------------------------------------------------------
 
 /// Element moves over n row-major positions of a shape: operand 0 is dst, 1 is src, 2 is the

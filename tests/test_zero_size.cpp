@@ -89,35 +89,33 @@ std::vector<Case> cases() {
          return x[0].to_device(other).to_device(d);
        }, Shape({2, 0})});
   // ---- unary ----
-  const std::vector<std::pair<const char*, std::function<Tensor(const Tensor&)>>> unary = {
-      {"neg", [](const Tensor& t) { return t.neg(); }},
-      {"abs", [](const Tensor& t) { return t.abs(); }},
-      {"exp", [](const Tensor& t) { return t.exp(); }},
-      {"log", [](const Tensor& t) { return t.log(); }},
-      {"sqrt", [](const Tensor& t) { return t.sqrt(); }},
-      {"rsqrt", [](const Tensor& t) { return t.rsqrt(); }},
-      {"recip", [](const Tensor& t) { return t.recip(); }},
-      {"sqr", [](const Tensor& t) { return t.sqr(); }},
-      {"tanh", [](const Tensor& t) { return t.tanh(); }},
-      {"sigmoid", [](const Tensor& t) { return t.sigmoid(); }},
-      {"relu", [](const Tensor& t) { return t.relu(); }},
-      {"gelu", [](const Tensor& t) { return t.gelu(); }},
-      {"gelu_erf", [](const Tensor& t) { return t.gelu_erf(); }},
-      {"silu", [](const Tensor& t) { return t.silu(); }},
-      {"sin", [](const Tensor& t) { return t.sin(); }},
-      {"cos", [](const Tensor& t) { return t.cos(); }},
-      {"powf", [](const Tensor& t) { return t.powf(1.5); }},
-      {"affine", [](const Tensor& t) { return t.affine(2.0, 1.0); }},
-      {"clamp", [](const Tensor& t) { return t.clamp(-1.0, 1.0); }},
+  const std::vector<std::pair<O, std::function<Tensor(const Tensor&)>>> unary = {
+      {O::neg, [](const Tensor& t) { return t.neg(); }},
+      {O::abs, [](const Tensor& t) { return t.abs(); }},
+      {O::exp, [](const Tensor& t) { return t.exp(); }},
+      {O::log, [](const Tensor& t) { return t.log(); }},
+      {O::sqrt, [](const Tensor& t) { return t.sqrt(); }},
+      {O::rsqrt, [](const Tensor& t) { return t.rsqrt(); }},
+      {O::recip, [](const Tensor& t) { return t.recip(); }},
+      {O::sqr, [](const Tensor& t) { return t.sqr(); }},
+      {O::tanh, [](const Tensor& t) { return t.tanh(); }},
+      {O::sigmoid, [](const Tensor& t) { return t.sigmoid(); }},
+      {O::relu, [](const Tensor& t) { return t.relu(); }},
+      {O::gelu, [](const Tensor& t) { return t.gelu(); }},
+      {O::gelu_erf, [](const Tensor& t) { return t.gelu_erf(); }},
+      {O::silu, [](const Tensor& t) { return t.silu(); }},
+      {O::sin, [](const Tensor& t) { return t.sin(); }},
+      {O::cos, [](const Tensor& t) { return t.cos(); }},
+      {O::powf, [](const Tensor& t) { return t.powf(1.5); }},
+      {O::affine, [](const Tensor& t) { return t.affine(2.0, 1.0); }},
+      {O::clamp, [](const Tensor& t) { return t.clamp(-1.0, 1.0); }},
   };
-  const std::vector<O> unary_ops = {O::neg, O::abs, O::exp, O::log, O::sqrt, O::rsqrt, O::recip,
-                                    O::sqr, O::tanh, O::sigmoid, O::relu, O::gelu, O::gelu_erf,
-                                    O::silu, O::sin, O::cos, O::powf, O::affine, O::clamp};
-  for (size_t i = 0; i < unary.size(); ++i) {
-    const auto fn = unary[i].second;
-    add({std::string(unary[i].first) + " (2,0,3)", {unary_ops[i]}, {Shape({2, 0, 3})},
+  for (const auto& [op, unary_fn] : unary) {
+    const auto fn = unary_fn;  // a copy: clang 14 cannot capture a structured binding
+    const std::string name(op_name(op));
+    add({name + " (2,0,3)", {op}, {Shape({2, 0, 3})},
          [fn](const In& x, Device) { return fn(x[0]); }, Shape({2, 0, 3})});
-    add({std::string(unary[i].first) + " of a zero-length narrow", {unary_ops[i]},
+    add({name + " of a zero-length narrow", {op},
          {Shape({3, 4})}, [fn](const In& x, Device) { return fn(x[0].narrow(1, 1, 0)); },
          Shape({3, 0})});
   }

@@ -14,7 +14,7 @@ namespace {
 struct Picked {
   Tensor index;  // (N, 1) i64 or u32; ignored rows point at class 0
   Tensor keep;   // (N) u8
-  Tensor kept;   // () f32: the number kept
+  Tensor kept;   // (): the number kept (f64; summed on a device in f32 but for f64 scores)
 };
 
 Picked pick(const char* op, const Tensor& scores, const Tensor& targets, int64_t ignore_index) {
@@ -40,7 +40,7 @@ Picked pick(const char* op, const Tensor& scores, const Tensor& targets, int64_t
                        : Tensor::ones(Shape({n}), DType::U8, dev);
     p.index = p.keep.where_cond(t, Tensor::zeros(Shape({}), targets.dtype(), dev))
                   .reshape(Shape({n, 1}));
-    p.kept = p.keep.to_dtype(DType::F32).sum_all();
+    p.kept = p.keep.to_dtype(scores.dtype() == DType::F64 ? DType::F64 : DType::F32).sum_all();
     return p;
   }
   const std::vector<int64_t> tv = targets.to_vector<int64_t>();
@@ -57,7 +57,7 @@ Picked pick(const char* op, const Tensor& scores, const Tensor& targets, int64_t
   }
   p.index = Tensor::from_vector(idx, Shape({tv.size(), 1}), dev);
   p.keep = Tensor::from_vector(keep, Shape({tv.size()}), dev);
-  p.kept = Tensor::full(Shape({}), static_cast<double>(kept), DType::F32, dev);
+  p.kept = Tensor::full(Shape({}), static_cast<double>(kept), DType::F64, dev);
   return p;
 }
 
