@@ -35,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "taper/composed.h"
 #include "taper/taper.h"
 
 // taper's stream of a device, from cuda/backend.cu (declared in cuda/cuda_common.cuh, which holds

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "cpu/cpu_common.h"
+#include "taper/composed.h"
 #include "taper/taper.h"
 
 namespace {

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "fuzz/fuzz_common.h"
+#include "taper/composed.h"
 #include "taper/nn/functional.h"
 #include "taper/nn/loss.h"
 #include "taper/nn/optim.h"

@@ -17,8 +17,8 @@
 #include <cstddef>
 #include <vector>
 
+#include "taper/composed.h"
 #include "taper/op.h"
-#include "taper/ops.h"
 
 namespace taper::composed {
 namespace {

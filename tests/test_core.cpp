@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "taper/composed.h"
 #include "tests/test_util.h"
 
 namespace taper::testing {

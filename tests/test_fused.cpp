@@ -31,6 +31,7 @@
 #include "cpu/copy_cast_ref.h"  // the SIMD-target test hooks
 #include "cpu/cpu_common.h"
 #include "cpu/fused_ref.h"
+#include "taper/composed.h"
 #include "tests/test_util.h"
 
 namespace taper {

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "taper/composed.h"
 #include "tests/test_util.h"
 
 namespace taper::testing {

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "taper/composed.h"
 #include "taper/nn.h"
 #include "tests/test_util.h"
 

@@ -1,10 +1,12 @@
-// ops.h: the fused ops (`taper::ops`) and their composed forms (`taper::composed`).
+// ops.h: the fused ops (`taper::ops`): one kernel per device, differentiable through a dedicated
+// backward op (softmax_last_dim_bwd, rms_norm_bwd, ...), each with a kernel per device too.
 //
-// Fused: one kernel per device, differentiable through a bwd hook (softmax has a dedicated
-// backward kernel; the norms' backward is composed from primitives on f32/f64 statistics).
-// Composed: the same maths from primitive ops only (metal_fallback/), the fallback on any device
-// without a fused kernel and the reference in tests and benches.
-// Weight and bias may be an undefined or empty Tensor for "no affine".
+// Precision: bf16/f16 compute in f32 and round once, to nearest-even; f64 is f64 throughout.
+// Where a device has no kernel for an op, the registry runs its composed form (metal_fallback/,
+// declared in taper/composed.h as `taper::composed` with the same signatures).
+// Every op checks its arguments and throws taper::Error naming the op and the offending shapes,
+// dtypes or devices: x must have a float dtype (bf16, f16, f32, f64); a weight or bias must have
+// x's dtype and device. Weight and bias may be an undefined or empty Tensor for "no affine".
 #pragma once
 
 #include <cstddef>
@@ -12,24 +14,24 @@
 #include "taper/tensor.h"
 
 namespace taper::ops {
-/// softmax over the last dim. x: (..., D)
-Tensor softmax_last_dim(const Tensor& x);
-/// log-softmax over the last dim. x: (..., D)
-Tensor log_softmax_last_dim(const Tensor& x);
-/// x / sqrt(mean(x^2) + eps) * w. x: (..., D), w: (D) or empty
-Tensor rms_norm(const Tensor& x, const Tensor& w, double eps);
-/// (x - mean) / sqrt(var + eps) * w + b over the last dim. x: (..., D), w, b: (D) or empty
-Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps);
-/// Group norm of (N, C, *) over C/num_groups channels and all spatial positions; w, b: (C).
-Tensor group_norm(const Tensor& x, size_t num_groups, const Tensor& w, const Tensor& b,
-                  double eps);
-}  // namespace taper::ops
 
-namespace taper::composed {
+/// Softmax over the last dim, the row max subtracted first; a row of all -inf gives NaN.
+/// x: (..., D), rank >= 1; the result has x's shape and dtype.
 Tensor softmax_last_dim(const Tensor& x);
+/// log(softmax(x)) over the last dim, computed as (x - max) - log(sum(exp(x - max))).
+/// x: (..., D), rank >= 1; the result has x's shape and dtype.
 Tensor log_softmax_last_dim(const Tensor& x);
+/// x / sqrt(mean(x^2) + eps) * w over the last dim. x: (..., D), rank >= 1; w: (D) or empty;
+/// eps >= 0 (else Error).
 Tensor rms_norm(const Tensor& x, const Tensor& w, double eps);
+/// (x - mean) / sqrt(var + eps) * w + b over the last dim (biased variance, two-pass).
+/// x: (..., D), rank >= 1; w, b: (D) or empty; eps >= 0 (else Error).
 Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps);
+/// Group norm: x: (N, C, *) split into `num_groups` groups of C / num_groups channels, each
+/// normalised over its channels and all spatial positions, then * w + b per channel; w, b: (C)
+/// or empty. Error when rank < 2, num_groups is 0, does not divide C or exceeds it (65536 when
+/// C = 0), or eps < 0.
 Tensor group_norm(const Tensor& x, size_t num_groups, const Tensor& w, const Tensor& b,
                   double eps);
-}  // namespace taper::composed
+
+}  // namespace taper::ops

@@ -1,23 +1,13 @@
-// dtype_shape.cpp: Shape and Layout arithmetic, dims and broadcasting, Device names, the device
-// backend table, and the assertion handler.
+// shape.cpp: Shape and Layout arithmetic (element counts capped at 2^60, row-major strides,
+// contiguity, reshape-as-view strides), dim normalisation and NumPy broadcasting (shape.h).
+// What it is not: storage or tensors; nothing here allocates tensor memory.
 #include <algorithm>
-#include <atomic>
-#include <cstdio>
-#include <cstdlib>
 #include <sstream>
 
-#include "taper/device.h"
 #include "taper/error.h"
 #include "taper/shape.h"
 
 namespace taper {
-
-namespace detail {
-void assert_fail(const char* expr, const char* file, int line) {
-  std::fprintf(stderr, "taper: internal assertion failed: %s at %s:%d\n", expr, file, line);
-  std::abort();
-}
-}  // namespace detail
 
 // At most 2^60 elements: every byte count (8 bytes an element at most) and every int64 stride
 // or offset computed from a valid shape then fits without wrapping.
@@ -122,39 +112,5 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
   }
   return Shape(out);
 }
-
-std::string Device::to_string() const {
-  return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(ordinal_);
-}
-
-namespace {
-DeviceBackend* g_backends[kNumDeviceKinds] = {};
-}
-
-void register_device_backend(DeviceKind kind, DeviceBackend* backend) {
-  g_backends[static_cast<int>(kind)] = backend;
-}
-
-DeviceBackend& device_backend(DeviceKind kind) {
-  DeviceBackend* b = g_backends[static_cast<int>(kind)];
-  TAPER_CHECK(b != nullptr, "device ", Device(kind, 0).to_string(),
-              ": taper was built without this backend (or no device is present)");
-  return *b;
-}
-
-bool device_available(DeviceKind kind) { return device_count(kind) > 0; }
-
-int device_count(DeviceKind kind) {
-  DeviceBackend* b = g_backends[static_cast<int>(kind)];
-  return b ? b->device_count() : 0;
-}
-
-void synchronize(Device dev) { device_backend(dev.kind()).synchronize(dev); }
-
-namespace {
-std::atomic<bool> g_allow_tf32{false};
-}
-bool cuda_allow_tf32() { return g_allow_tf32.load(std::memory_order_relaxed); }
-void set_cuda_allow_tf32(bool allow) { g_allow_tf32.store(allow, std::memory_order_relaxed); }
 
 }  // namespace taper
