@@ -1,12 +1,21 @@
 // bench_fused.cpp: Google Benchmark program for the fused ops of issue 3 against their composed
 // forms: softmax_last_dim, rms_norm, layer_norm and group_norm, forward and forward+backward,
-// in f32 and bf16 at every shape and in f64 at the first shape of each op.
+// in f32 and bf16 at every shape and in f16 and f64 at the first shape of each op.
 //
 // What it is: time and GB/s of the minimal bytes (each input read once, each output written
 // once; the formula per op is in `minimal_bytes`). Names are
-//   BM_<op>_<fwd|fwd_bwd>_<fused|composed>/<dtype>/<shape>
-// so a fused benchmark and its composed twin differ only in that word (group norm's shape
-// carries its group count: 8x32x64x64_g8). scripts/bench_report.sh joins the twins.
+//   BM_<op>_<fwd|fwd_bwd>_<fused|composed|fused_bwd_composed>/<dtype>/<shape>
+// so a fused benchmark and its twins differ only in that word (group norm's shape carries its
+// group count: 8x32x64x64_g8). scripts/bench_report.sh joins the twins.
+//   fused               the fused forward op and its dedicated backward op (what ships)
+//   composed            the composed forward (taper::composed::*), its backward by autograd
+//   fused_bwd_composed  the fused forward, the backward op's composed form (ComposedOnlyGuard
+//                       on rms_norm_bwd / layer_norm_bwd / group_norm_bwd): the norms as they
+//                       shipped before issue 13 gave them dedicated backward kernels, so
+//                       fused_bwd_composed/fused is what those kernels buy by themselves. Norms'
+//                       fwd_bwd only: softmax_last_dim_bwd predates issue 13 (no such baseline).
+// Every benchmark also reports `kernel_calls`, the CPU kernel calls per iteration
+// (taper::kernel_calls), so the three variants are seen to run different code.
 // Also measured here, so the GB/s compare with the same process's bandwidth:
 //   BM_stream_copy/<size>      a STREAM-like copy over taper's thread count (2 x size bytes).
 // What it is not: a correctness check (tests/ do that).
@@ -57,8 +66,15 @@ const char* op_name(Op op) {
 
 std::string shape_name(const Case& c) {
   std::string s;
-  for (size_t i = 0; i < c.shape.size(); ++i) s += (i ? "x" : "") + std::to_string(c.shape[i]);
-  if (c.op == Op::GroupNorm) s += "_g" + std::to_string(c.groups);
+  // Appended piece by piece: GCC 12 warns (-Wrestrict, a false positive) on "literal" + string.
+  for (size_t i = 0; i < c.shape.size(); ++i) {
+    if (i) s += 'x';
+    s += std::to_string(c.shape[i]);
+  }
+  if (c.op == Op::GroupNorm) {
+    s += "_g";
+    s += std::to_string(c.groups);
+  }
   return s;
 }
 
@@ -102,6 +118,28 @@ Tensor make_randn(const std::vector<size_t>& shape, DType dt, uint64_t seed, dou
   return gen == dt ? t : t.to_dtype(dt);
 }
 
+enum class Variant { Fused, Composed, FusedBwdComposed };
+
+const char* variant_name(Variant v) {
+  switch (v) {
+    case Variant::Fused: return "fused";
+    case Variant::Composed: return "composed";
+    case Variant::FusedBwdComposed: return "fused_bwd_composed";
+  }
+  return "?";
+}
+
+// The dedicated backward op of a norm (issue 13); none for softmax (see the header).
+std::vector<taper::OpId> bwd_ops(Op op) {
+  switch (op) {
+    case Op::Softmax: return {};
+    case Op::RmsNorm: return {taper::OpId::rms_norm_bwd};
+    case Op::LayerNorm: return {taper::OpId::layer_norm_bwd};
+    case Op::GroupNorm: return {taper::OpId::group_norm_bwd};
+  }
+  return {};
+}
+
 Tensor apply(const Case& c, bool fused, const Tensor& x, const Tensor& w, const Tensor& b) {
   namespace F = taper::ops;
   namespace C = taper::composed;
@@ -115,24 +153,36 @@ Tensor apply(const Case& c, bool fused, const Tensor& x, const Tensor& w, const 
   return {};
 }
 
-void set_counters(benchmark::State& st, double bytes_per_iter) {
-  st.SetBytesProcessed(static_cast<int64_t>(bytes_per_iter * static_cast<double>(st.iterations())));
+uint64_t cpu_kernel_calls() { return taper::kernel_calls(taper::DeviceKind::Cpu); }
+
+void set_counters(benchmark::State& st, double bytes_per_iter, uint64_t calls) {
+  const double iters = static_cast<double>(st.iterations());
+  st.SetBytesProcessed(static_cast<int64_t>(bytes_per_iter * iters));
   st.counters["threads"] = static_cast<double>(taper::cpu::num_threads());
+  st.counters["kernel_calls"] = iters > 0 ? static_cast<double>(calls) / iters : 0.0;
 }
 
-void run_fwd(benchmark::State& st, const Case& c, bool fused) {
+void run_fwd(benchmark::State& st, const Case& c, Variant v) {
+  const bool fused = v != Variant::Composed;
   const Tensor x = make_randn(c.shape, c.dt, 11);
   const size_t p = param_len(c);
   const Tensor w = c.op == Op::Softmax ? Tensor() : make_randn({p}, c.dt, 12, 1.0, 0.1);
   const Tensor b = c.op == Op::Softmax || c.op == Op::RmsNorm ? Tensor() : make_randn({p}, c.dt, 13, 0.0, 0.1);
+  const uint64_t calls0 = cpu_kernel_calls();
   for (auto _ : st) {
     Tensor y = apply(c, fused, x, w, b);
     benchmark::DoNotOptimize(y.data_ptr());
   }
-  set_counters(st, minimal_bytes(c, false));
+  set_counters(st, minimal_bytes(c, false), cpu_kernel_calls() - calls0);
 }
 
-void run_fwd_bwd(benchmark::State& st, const Case& c, bool fused) {
+void run_fwd_bwd(benchmark::State& st, const Case& c, Variant v) {
+  const bool fused = v != Variant::Composed;
+  // Forces the composed form of the norm's backward op for this benchmark (this thread; the
+  // backward's ops are dispatched from it). The forward ops stay fused.
+  const std::vector<taper::OpId> forced =
+      v == Variant::FusedBwdComposed ? bwd_ops(c.op) : std::vector<taper::OpId>{};
+  const taper::ComposedOnlyGuard guard(forced);
   const Var x = Var::from_tensor(make_randn(c.shape, c.dt, 11));
   const size_t p = param_len(c);
   Var w, b;
@@ -140,6 +190,7 @@ void run_fwd_bwd(benchmark::State& st, const Case& c, bool fused) {
   if (c.op == Op::LayerNorm || c.op == Op::GroupNorm)
     b = Var::from_tensor(make_randn({p}, c.dt, 13, 0.0, 0.1));
   const Tensor up = make_randn(c.shape, c.dt, 14);
+  const uint64_t calls0 = cpu_kernel_calls();
   for (auto _ : st) {
     Tensor y = apply(c, fused, x, w, b);
     taper::GradStore g = y.backward(up);
@@ -150,7 +201,7 @@ void run_fwd_bwd(benchmark::State& st, const Case& c, bool fused) {
     }
     benchmark::DoNotOptimize(gx->data_ptr());
   }
-  set_counters(st, minimal_bytes(c, true));
+  set_counters(st, minimal_bytes(c, true), cpu_kernel_calls() - calls0);
 }
 
 // STREAM-like copy of `bytes` over taper's thread count, one contiguous chunk per thread, on
@@ -194,7 +245,8 @@ std::vector<Case> cases() {
   for (const OpShapes& o : table) {
     for (DType dt : {DType::F32, DType::BF16})
       for (size_t i = 0; i < o.shapes.size(); ++i) out.push_back({o.op, o.shapes[i], o.groups[i], dt});
-    out.push_back({o.op, o.shapes[0], o.groups[0], DType::F64});  // f64 at the first shape
+    // f16 and f64 at the first shape only.
+    for (DType dt : {DType::F16, DType::F64}) out.push_back({o.op, o.shapes[0], o.groups[0], dt});
   }
   return out;
 }
@@ -207,14 +259,18 @@ void register_all() {
     })->UseRealTime()->Unit(benchmark::kMillisecond);
   }
   for (const Case& c : cases()) {
-    const std::string tail =
-        "/" + std::string(taper::dtype_name(c.dt)) + "/" + shape_name(c);
+    std::string tail = "/";
+    tail += taper::dtype_name(c.dt);
+    tail += '/';
+    tail += shape_name(c);
     for (bool bwd : {false, true}) {
-      for (bool fused : {true, false}) {
+      for (Variant v : {Variant::Fused, Variant::Composed, Variant::FusedBwdComposed}) {
+        // fused_bwd_composed: forward+backward of the norms only (see the header).
+        if (v == Variant::FusedBwdComposed && (!bwd || bwd_ops(c.op).empty())) continue;
         const std::string name = std::string("BM_") + op_name(c.op) + (bwd ? "_fwd_bwd_" : "_fwd_") +
-                                 (fused ? "fused" : "composed") + tail;
-        benchmark::RegisterBenchmark(name.c_str(), [c, bwd, fused](benchmark::State& st) {
-          bwd ? run_fwd_bwd(st, c, fused) : run_fwd(st, c, fused);
+                                 variant_name(v) + tail;
+        benchmark::RegisterBenchmark(name.c_str(), [c, bwd, v](benchmark::State& st) {
+          bwd ? run_fwd_bwd(st, c, v) : run_fwd(st, c, v);
         })->UseRealTime()->Unit(benchmark::kMillisecond);
       }
     }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench_report.sh: runs taper's benchmark programs and prints one markdown report: the fused vs
-# composed table of issue 3 (time, composed/fused speed-up, GB/s of the minimal bytes and its
-# share of the STREAM-like copy measured in the same program; LibTorch side by side when
+# composed table of issues 3 and 13 (time, composed/fused speed-up, the norms' fused forward with
+# the composed backward of before issue 13 and its ratio to fused, GB/s of the minimal bytes and
+# its share of the STREAM-like copy measured in the same program; LibTorch side by side when
 # bench_torch was built) and the primitives of issue 2 (add vs memcpy, op overhead, matmul vs
 # direct OpenBLAS).
 #
@@ -129,10 +130,11 @@ FNR == 1 { hdr = 0 }
     if (mib + 0 > best_mib && gbs[name] != "") { best_mib = mib + 0; stream = gbs[name] }
     next
   }
-  # BM_<op>_<fwd|fwd_bwd>_<fused|composed|torch>/<dtype>/<shape>
+  # BM_<op>_<fwd|fwd_bwd>_<fused|composed|fused_bwd_composed|torch>/<dtype>/<shape>
   if (FILENAME ~ /bench_(fused|torch)/ && split(name, p, "/") == 3) {
     head = p[1]; sub(/^BM_/, "", head)
-    path = head; sub(/^.*_/, "", path); sub(/_[a-z]+$/, "", head)
+    if (!match(head, /_(fused_bwd_composed|fused|composed|torch)$/)) next
+    path = substr(head, RSTART + 1); head = substr(head, 1, RSTART - 1)
     if (head ~ /_fwd_bwd$/) { pass = "fwd_bwd"; sub(/_fwd_bwd$/, "", head) }
     else { pass = "fwd"; sub(/_fwd$/, "", head) }
     key = head SUBSEP pass SUBSEP p[2] SUBSEP p[3]
@@ -141,16 +143,20 @@ FNR == 1 { hdr = 0 }
   }
 }
 END {
-  print "## Fused vs composed (issue 3)"
+  print "## Fused vs composed (issues 3 and 13)"
   print ""
   if (stream != "")
     printf "STREAM-like copy (%d MiB arrays, same program, same threads): **%.1f GB/s**. ", best_mib, stream
   print "GB/s counts the minimal bytes (each input read once, each output written once; formulas in benches/bench_fused.cpp). " \
         "fwd_bwd is the op forward, then `y.backward(up)` with a fixed random upstream gradient: " \
-        "the forward and backward of the op and nothing else, in every column."
+        "the forward and backward of the op and nothing else, in every column. " \
+        "fused_bwd_composed (the norms, fwd_bwd only): the fused forward with the backward op forced to its composed form, " \
+        "as shipped before issue 13; fused_bwd_composed/fused is what the dedicated backward kernels buy by themselves. " \
+        "\"-\" on forward rows and on softmax, whose dedicated backward predates issue 13. " \
+        "target: issue 3'"'"'s (fwd_bwd speed-up on the f32 and bf16 rows only)."
   print ""
-  hdrline = "| op | pass | dtype | shape | fused ms | composed ms | composed/fused | fused GB/s | % of stream | target |"
-  sepline = "|---|---|---|---|---:|---:|---:|---:|---:|---|"
+  hdrline = "| op | pass | dtype | shape | fused ms | composed ms | composed/fused | fused_bwd_composed ms | fused_bwd_composed/fused | fused GB/s | % of stream | target |"
+  sepline = "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"
   if (have_torch) { hdrline = hdrline " torch ms | torch/fused |"; sepline = sepline "---:|---:|" }
   fflush()
   print hdrline; print sepline
@@ -158,21 +164,25 @@ END {
   sorter = "sort -t \"\t\" -k1,1 | cut -f2-"
   for (i = 1; i <= nkeys; i++) {
     key = order[i]; split(key, kk, SUBSEP)
-    f = res[key, "fused"]; c = res[key, "composed"]
+    # fused_bwd_composed exists for the norms fwd_bwd only: "-" elsewhere. (Tested before the
+    # read below, which would create the element.)
+    have_fb = ((key, "fused_bwd_composed") in res)
+    f = res[key, "fused"]; c = res[key, "composed"]; fb = res[key, "fused_bwd_composed"]
     g = rate[key, "fused"]
     pct = (g != "" && stream != "") ? sprintf("%.0f%%", 100 * g / stream) : "-"
     # Targets of issue 3: fwd_bwd speed-up >= 6x (softmax) / 3x (norms); fwd >= 80% of the
     # stream bandwidth on shapes whose x + y exceed the 32 MiB last-level cache the issue names.
     tgt = "-"
-    if (kk[2] == "fwd_bwd" && f != "" && c != "" && kk[3] != "f64") {
+    if (kk[2] == "fwd_bwd" && f != "" && c != "" && kk[3] != "f64" && kk[3] != "f16") {
       need = (kk[1] == "softmax") ? 6 : 3
       tgt = sprintf("≥%d×: %s", need, (c / f >= need) ? "met" : "**missed**")
     } else if (kk[2] == "fwd" && g != "" && stream != "" && 2 * x_bytes(kk[4], kk[3]) > 32 * 1048576) {
       tgt = sprintf("≥80%%: %s", (g / stream >= 0.8) ? "met" : "**missed**")
     }
-    line = sprintf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |", kk[1], kk[2], kk[3], kk[4],
+    line = sprintf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |", kk[1], kk[2], kk[3], kk[4],
                    errkey[key, "fused"] ? "error" : fmt_ms(f), errkey[key, "composed"] ? "error" : fmt_ms(c),
-                   ratio(c, f), (g == "" ? "-" : sprintf("%.1f", g)), pct, tgt)
+                   ratio(c, f), !have_fb ? "-" : errkey[key, "fused_bwd_composed"] ? "error" : fmt_ms(fb),
+                   have_fb ? ratio(fb, f) : "-", (g == "" ? "-" : sprintf("%.1f", g)), pct, tgt)
     if (have_torch) {
       tt = res[key, "torch"]
       line = line sprintf(" %s | %s |", errkey[key, "torch"] ? "error" : fmt_ms(tt), ratio(tt, f))
