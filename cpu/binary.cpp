@@ -3,7 +3,9 @@
 // (u8 mask, on_true, on_false of any one dtype) and the ternary mul_add (a * b + c, float
 // dtypes, one rounding: a fused multiply-add in the compute type, then the store's rounding).
 // a, b: the same shape (the front-end has broadcast them with stride-0 views), any strides ->
-// out: that shape, contiguous.
+// out: that shape, contiguous. One operand (of the binary ops, or one value of where_cond) may be
+// an undefined Tensor: the scalar attrs.f0 (`x / 2.0`, `x.gt(0.0)`), converted once to the
+// dtype and read with stride 0, without a one-element tensor behind it.
 //
 // What it is: Highway kernels for the float arithmetic (bf16/f16 load as f32, one f32 operation,
 // one rounding at the store; f64 in f64), applied per inner run of a StridedLoop<3>: SIMD
@@ -35,6 +37,7 @@
 
 #include "cpu/cpu_common.h"
 #include "taper/op.h"
+#include "taper/portable.h"
 #endif
 
 HWY_BEFORE_NAMESPACE();
@@ -264,13 +267,35 @@ void for_each_block(const Shape& shape, const std::array<const std::vector<int64
   });
 }
 
+/// One operand of a kernel below: its elements and strides (in the output's shape). A scalar
+/// operand (an undefined input: the op attribute f0) is one value read with stride 0.
+struct Operand {
+  const void* data;
+  const std::vector<int64_t>* strides;
+};
+
+/// The operands of `in`: a defined input as it is; an undefined one is attrs.f0 converted once to
+/// T (cast_value, as Tensor::full converts it, so `x / 2.0` has the bits of `x / full(2.0)`),
+/// kept in `scalar` and read through `zero` strides.
+template <class T, size_t N>
+std::array<Operand, N> operands(const std::vector<Tensor>& in, size_t first, const OpAttrs& attrs,
+                                T& scalar, const std::vector<int64_t>& zero) {
+  std::array<Operand, N> ops;
+  scalar = cast_value<T>(attrs.f0);
+  for (size_t k = 0; k < N; ++k) {
+    const Tensor& t = in[first + k];
+    ops[k] = t.defined() ? Operand{t.data_ptr(), &t.strides()} : Operand{&scalar, &zero};
+  }
+  return ops;
+}
+
 template <class T>
-void arith_float(OpId op, const Tensor& a, const Tensor& b, const Tensor& out) {
-  const T* pa = a.data<T>();
-  const T* pb = b.data<T>();
+void arith_float(OpId op, const Operand& a, const Operand& b, const Tensor& out) {
+  const T* pa = static_cast<const T*>(a.data);
+  const T* pb = static_cast<const T*>(b.data);
   T* po = out.data<T>();
   const int iop = static_cast<int>(op);
-  for_each_block<3>(out.shape(), {&out.strides(), &a.strides(), &b.strides()},
+  for_each_block<3>(out.shape(), {&out.strides(), a.strides, b.strides},
                     [&](const std::array<int64_t, 3>& off, const std::array<int64_t, 3>& st,
                         size_t len) {
     const T* ra = pa + off[1];
@@ -304,11 +329,11 @@ template <class T> auto scalar_value(T v) {
 }
 
 template <class T, class R, class F>
-void scalar_map2(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
-  const T* pa = a.data<T>();
-  const T* pb = b.data<T>();
+void scalar_map2(const Operand& a, const Operand& b, const Tensor& out, F f) {
+  const T* pa = static_cast<const T*>(a.data);
+  const T* pb = static_cast<const T*>(b.data);
   R* po = out.data<R>();
-  for_each_block<3>(out.shape(), {&out.strides(), &a.strides(), &b.strides()},
+  for_each_block<3>(out.shape(), {&out.strides(), a.strides, b.strides},
                     [&](const std::array<int64_t, 3>& off, const std::array<int64_t, 3>& st,
                         size_t len) {
     const T* ra = pa + off[1];
@@ -324,7 +349,7 @@ void scalar_map2(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
   });
 }
 
-template <class T> void arith_int(OpId op, const Tensor& a, const Tensor& b, const Tensor& out) {
+template <class T> void arith_int(OpId op, const Operand& a, const Operand& b, const Tensor& out) {
   using U = std::make_unsigned_t<T>;
   // Wrapping arithmetic through the unsigned type; u8 products go through u32 (no int overflow).
   switch (op) {
@@ -351,7 +376,7 @@ template <class T> void arith_int(OpId op, const Tensor& a, const Tensor& b, con
   }
 }
 
-template <class T> void compare(OpId op, const Tensor& a, const Tensor& b, const Tensor& out) {
+template <class T> void compare(OpId op, const Operand& a, const Operand& b, const Tensor& out) {
   const auto run = [&](auto cmp) {
     scalar_map2<T, uint8_t>(a, b, out, [cmp](T x, T y) {
       return static_cast<uint8_t>(cmp(scalar_value(x), scalar_value(y)) ? 1 : 0);
@@ -368,16 +393,21 @@ template <class T> void compare(OpId op, const Tensor& a, const Tensor& b, const
   }
 }
 
+/// in: a, b of one shape and dtype, or one of them undefined: the scalar attrs.f0 (x / 2.0,
+/// 1.0 / x, x > 0.0 without a one-element tensor, its allocation and its fill).
 template <OpId kOp>
-std::vector<Tensor> binary_kernel(const std::vector<Tensor>& in, const OpAttrs&) {
-  const Tensor& a = in[0];
-  const Tensor& b = in[1];
-  TAPER_ASSERT(a.shape() == b.shape() && a.dtype() == b.dtype());
+std::vector<Tensor> binary_kernel(const std::vector<Tensor>& in, const OpAttrs& attrs) {
+  const Tensor& x = in[0].defined() ? in[0] : in[1];
+  TAPER_ASSERT(!in[0].defined() || !in[1].defined() ||
+               (in[0].shape() == in[1].shape() && in[0].dtype() == in[1].dtype()));
   constexpr bool kCompare = kOp == OpId::eq || kOp == OpId::ne || kOp == OpId::lt ||
                             kOp == OpId::le || kOp == OpId::gt || kOp == OpId::ge;
-  Tensor out = new_output(a.shape(), kCompare ? DType::U8 : a.dtype());
-  visit_dtype(a.dtype(), [&](auto tag) {
+  Tensor out = new_output(x.shape(), kCompare ? DType::U8 : x.dtype());
+  const std::vector<int64_t> zero(x.rank(), 0);
+  visit_dtype(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
+    T scalar;
+    const auto [a, b] = operands<T, 2>(in, 0, attrs, scalar, zero);
     if constexpr (kCompare) {
       compare<T>(kOp, a, b, out);
     } else if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16> ||
@@ -391,12 +421,13 @@ std::vector<Tensor> binary_kernel(const std::vector<Tensor>& in, const OpAttrs&)
 }
 
 /// Picks on_true/on_false by element size: a select moves bits, so 4 widths serve 7 dtypes.
-template <class W> void where_bits(const Tensor& m, const Tensor& t, const Tensor& f, const Tensor& out) {
+template <class W>
+void where_bits(const Tensor& m, const Operand& t, const Operand& f, const Tensor& out) {
   const uint8_t* pm = m.data<uint8_t>();
-  const W* pt = static_cast<const W*>(t.data_ptr());
-  const W* pf = static_cast<const W*>(f.data_ptr());
+  const W* pt = static_cast<const W*>(t.data);
+  const W* pf = static_cast<const W*>(f.data);
   W* po = static_cast<W*>(out.data_ptr());
-  for_each_block<4>(out.shape(), {&out.strides(), &m.strides(), &t.strides(), &f.strides()},
+  for_each_block<4>(out.shape(), {&out.strides(), &m.strides(), t.strides, f.strides},
                     [&](const std::array<int64_t, 4>& off, const std::array<int64_t, 4>& st,
                         size_t len) {
     const uint8_t* rm = pm + off[1];
@@ -410,21 +441,28 @@ template <class W> void where_bits(const Tensor& m, const Tensor& t, const Tenso
   });
 }
 
-// in[0]: u8 mask, in[1]: on_true, in[2]: on_false (same shape and dtype). The registry selects
-// this kernel by in[0]'s dtype (u8); it serves every dtype of the values.
-std::vector<Tensor> where_cond_kernel(const std::vector<Tensor>& in, const OpAttrs&) {
+// in[0]: u8 mask, in[1]: on_true, in[2]: on_false (same shape and dtype; one of the two may be
+// undefined: the scalar attrs.f0). The registry selects this kernel by in[0]'s dtype (u8); it
+// serves every dtype of the values.
+std::vector<Tensor> where_cond_kernel(const std::vector<Tensor>& in, const OpAttrs& attrs) {
   const Tensor& m = in[0];
-  const Tensor& t = in[1];
-  const Tensor& f = in[2];
-  TAPER_ASSERT(m.dtype() == DType::U8 && t.dtype() == f.dtype());
-  TAPER_ASSERT(m.shape() == t.shape() && t.shape() == f.shape());
-  Tensor out = new_output(t.shape(), t.dtype());
-  switch (dtype_size(t.dtype())) {
-    case 1: where_bits<uint8_t>(m, t, f, out); break;
-    case 2: where_bits<uint16_t>(m, t, f, out); break;
-    case 4: where_bits<uint32_t>(m, t, f, out); break;
-    default: where_bits<uint64_t>(m, t, f, out); break;
-  }
+  const Tensor& v = in[1].defined() ? in[1] : in[2];
+  TAPER_ASSERT(m.dtype() == DType::U8 && m.shape() == v.shape());
+  TAPER_ASSERT(!in[1].defined() || !in[2].defined() ||
+               (in[1].dtype() == in[2].dtype() && in[1].shape() == in[2].shape()));
+  Tensor out = new_output(v.shape(), v.dtype());
+  const std::vector<int64_t> zero(v.rank(), 0);
+  visit_dtype(v.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    T scalar;
+    const auto [t, f] = operands<T, 2>(in, 1, attrs, scalar, zero);
+    switch (sizeof(T)) {
+      case 1: where_bits<uint8_t>(m, t, f, out); break;
+      case 2: where_bits<uint16_t>(m, t, f, out); break;
+      case 4: where_bits<uint32_t>(m, t, f, out); break;
+      default: where_bits<uint64_t>(m, t, f, out); break;
+    }
+  });
   return {out};
 }
 

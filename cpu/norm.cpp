@@ -685,11 +685,8 @@ void run(Job j, size_t R) {
   parallel_for(items, 1, [&](size_t b, size_t e) { call(Phase::kWrite, b, e); });
 }
 
-bool has(const std::vector<Tensor>& in, size_t i) {
-  return in.size() > i && in[i].defined() && in[i].elem_count() > 0;
-}
 const void* ptr_or_null(const std::vector<Tensor>& in, size_t i) {
-  if (!has(in, i)) return nullptr;
+  if (!present(in, i)) return nullptr;
   TAPER_ASSERT(in[i].is_contiguous() && in[i].dtype() == in[0].dtype());
   return in[i].data_ptr();
 }
@@ -882,7 +879,7 @@ std::vector<Tensor> rows_bwd_kernel(const std::vector<Tensor>& in, const OpAttrs
   check_stat(rstd, x, R);
   if (!rms) check_stat(in[2], x, R);
   Tensor dx = new_output(x.shape(), x.dtype());
-  Tensor dw = has(in, 1) && need(attrs, 0) ? new_output(Shape({L}), in[1].dtype()) : Tensor();
+  Tensor dw = present(in, 1) && need(attrs, 0) ? new_output(Shape({L}), in[1].dtype()) : Tensor();
   Tensor db = !rms && need(attrs, 1) ? new_output(Shape({L}), attrs.dtype) : Tensor();
   BwdJob j;
   j.dt = x.dtype();
@@ -1008,7 +1005,7 @@ std::vector<Tensor> group_norm_bwd_kernel(const std::vector<Tensor>& in, const O
   check_stat(in[2], x, N * G);
   check_stat(in[3], x, N * G);
   Tensor dx = new_output(x.shape(), x.dtype());
-  Tensor dw = has(in, 1) && need(attrs, 0) ? new_output(Shape({C}), in[1].dtype()) : Tensor();
+  Tensor dw = present(in, 1) && need(attrs, 0) ? new_output(Shape({C}), in[1].dtype()) : Tensor();
   Tensor db = need(attrs, 1) ? new_output(Shape({C}), attrs.dtype) : Tensor();
   BwdJob j;
   j.dt = x.dtype();

@@ -3,7 +3,8 @@
 // 1 or 0), where_cond (u8 mask, on_true, on_false of any one dtype) and the ternary mul_add
 // (a * b + c, float dtypes, one fma in the compute type).
 // Inputs: one shape (the front-end broadcast them with stride-0 views), any strides -> out: that
-// shape, contiguous.
+// shape, contiguous. One operand of a binary op or one value of where_cond may be an undefined
+// Tensor: the scalar attrs.f0, passed by value in the kernel's arguments (no tensor, no fill).
 //
 // What it is: one grid-stride kernel per (family, dtype) over the row-major output index; the
 // operands' offsets come from a coalesced Strided<2> / Strided<3> (rank <= 1 layouts, i.e.
@@ -22,6 +23,7 @@
 // canonical 0x7fffffff; x86 propagates the first operand's payload).
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -49,19 +51,34 @@ __global__ void __launch_bounds__(kThreads) map_n(int64_t n, Strided<N> s, F f) 
   }
 }
 
-/// Launches f over `out`'s elements on its stream; `ops` are the operands behind s's strides.
+/// Launches f over `out`'s elements on its stream; `st` are the operands' strides.
 template <int N, class F>
 void launch(OpId op, const std::vector<Tensor>& in, const Tensor& out,
-            const std::array<const Tensor*, N>& ops, const F& f) {
+            const std::array<const std::vector<int64_t>*, N>& st, const F& f) {
   const size_t n = out.elem_count();
   if (n == 0) return;
-  std::array<const std::vector<int64_t>*, N> st;
-  for (int k = 0; k < N; ++k) st[k] = &ops[k]->strides();
   const Strided<N> s = make_strided<N>(out.shape(), st);
   const int ord = out.device().ordinal();
   const cudaStream_t stm = stream(ord);
   map_n<<<grid_for(n, ord), kThreads, 0, stm>>>(static_cast<int64_t>(n), s, f);
   TAPER_CUDA_CHECK_LAUNCH(op_name(op).data(), in);
+}
+
+/// An operand of the functors below: its elements, or (p == nullptr) the scalar s, an undefined
+/// input standing for attrs.f0 (`x / 2.0`, `x.gt(0.0)`), converted once to T on the host as
+/// Tensor::full converts it. The branch is uniform over the grid.
+template <class T> struct Src {
+  const T* p;
+  T s;
+  __device__ __forceinline__ T operator[](int64_t off) const { return p != nullptr ? p[off] : s; }
+};
+
+/// The operand for input t (undefined: the scalar v) and its strides (zero for the scalar).
+template <class T> Src<T> src(const Tensor& t, double v) {
+  return t.defined() ? Src<T>{ptr<T>(t), T{}} : Src<T>{nullptr, cast_value<T>(v)};
+}
+const std::vector<int64_t>* strides_of(const Tensor& t, const std::vector<int64_t>& zero) {
+  return t.defined() ? &t.strides() : &zero;
 }
 
 // ---- arithmetic ------------------------------------------------------------------------------
@@ -102,8 +119,8 @@ template <class T> __device__ __forceinline__ T arith(OpId op, T x, T y) {
 }
 
 template <class T> struct ArithFn {
-  const T* a;
-  const T* b;
+  Src<T> a;
+  Src<T> b;
   T* y;
   OpId op;
   __device__ __forceinline__ void operator()(int64_t i, const int64_t (&off)[2]) const {
@@ -120,8 +137,8 @@ template <class T> __device__ __forceinline__ auto cmp_value(T v) {
 }
 
 template <class T> struct CompareFn {
-  const T* a;
-  const T* b;
+  Src<T> a;
+  Src<T> b;
   uint8_t* y;
   OpId op;
   __device__ __forceinline__ void operator()(int64_t i, const int64_t (&off)[2]) const {
@@ -178,19 +195,24 @@ constexpr bool is_compare(OpId op) {
          op == OpId::ge;
 }
 
+// in: a, b of one shape and dtype, or one of them undefined: the scalar attrs.f0.
 template <OpId kOp>
-std::vector<Tensor> binary_kernel(const std::vector<Tensor>& in, const OpAttrs&) {
+std::vector<Tensor> binary_kernel(const std::vector<Tensor>& in, const OpAttrs& attrs) {
   const Tensor& a = in[0];
   const Tensor& b = in[1];
-  TAPER_ASSERT(a.shape() == b.shape() && a.dtype() == b.dtype());
+  const Tensor& x = a.defined() ? a : b;
+  TAPER_ASSERT(!a.defined() || !b.defined() || (a.shape() == b.shape() && a.dtype() == b.dtype()));
   constexpr bool kCompare = is_compare(kOp);
-  Tensor out = new_output(a.shape(), kCompare ? DType::U8 : a.dtype(), a);
-  visit_dtype(a.dtype(), [&](auto tag) {
+  Tensor out = new_output(x.shape(), kCompare ? DType::U8 : x.dtype(), x);
+  const std::vector<int64_t> zero(x.rank(), 0);
+  const std::array<const std::vector<int64_t>*, 2> st = {strides_of(a, zero), strides_of(b, zero)};
+  visit_dtype(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
+    const Src<T> sa = src<T>(a, attrs.f0), sb = src<T>(b, attrs.f0);
     if constexpr (kCompare) {
-      launch<2>(kOp, in, out, {&a, &b}, CompareFn<T>{ptr<T>(a), ptr<T>(b), ptr<uint8_t>(out), kOp});
-    } else if (a.is_contiguous() && b.is_contiguous() && aligned16(a) && aligned16(b) &&
-               out.elem_count() > 0) {
+      launch<2>(kOp, in, out, st, CompareFn<T>{sa, sb, ptr<uint8_t>(out), kOp});
+    } else if (a.defined() && b.defined() && a.is_contiguous() && b.is_contiguous() &&
+               aligned16(a) && aligned16(b) && out.elem_count() > 0) {
       const int64_t n = static_cast<int64_t>(out.elem_count());
       const int ord = out.device().ordinal();
       const size_t nv = static_cast<size_t>(n) / (16 / sizeof(T));
@@ -198,7 +220,7 @@ std::vector<Tensor> binary_kernel(const std::vector<Tensor>& in, const OpAttrs&)
           ptr<T>(a), ptr<T>(b), ptr<T>(out), n, kOp);
       TAPER_CUDA_CHECK_LAUNCH(op_name(kOp).data(), in);
     } else {
-      launch<2>(kOp, in, out, {&a, &b}, ArithFn<T>{ptr<T>(a), ptr<T>(b), ptr<T>(out), kOp});
+      launch<2>(kOp, in, out, st, ArithFn<T>{sa, sb, ptr<T>(out), kOp});
     }
   });
   return {out};
@@ -208,34 +230,41 @@ std::vector<Tensor> binary_kernel(const std::vector<Tensor>& in, const OpAttrs&)
 
 template <class W> struct WhereFn {
   const uint8_t* m;
-  const W* t;
-  const W* f;
+  Src<W> t;
+  Src<W> f;
   W* y;
   __device__ __forceinline__ void operator()(int64_t i, const int64_t (&off)[3]) const {
     y[i] = m[off[0]] != 0 ? t[off[1]] : f[off[2]];
   }
 };
 
-// in[0]: u8 mask, in[1]: on_true, in[2]: on_false (same shape and dtype). The registry selects
-// this kernel by in[0]'s dtype (u8); it serves every dtype of the values, by element size.
-std::vector<Tensor> where_cond_kernel(const std::vector<Tensor>& in, const OpAttrs&) {
+// in[0]: u8 mask, in[1]: on_true, in[2]: on_false (same shape and dtype; one of the two may be
+// undefined: the scalar attrs.f0). The registry selects this kernel by in[0]'s dtype (u8); it
+// serves every dtype of the values, by element size.
+std::vector<Tensor> where_cond_kernel(const std::vector<Tensor>& in, const OpAttrs& attrs) {
   const Tensor& m = in[0];
   const Tensor& t = in[1];
   const Tensor& f = in[2];
-  TAPER_ASSERT(m.dtype() == DType::U8 && t.dtype() == f.dtype());
-  TAPER_ASSERT(m.shape() == t.shape() && t.shape() == f.shape());
-  Tensor out = new_output(t.shape(), t.dtype(), t);
-  const auto run = [&](auto tag) {
-    using W = decltype(tag);
-    launch<3>(OpId::where_cond, in, out, {&m, &t, &f},
-              WhereFn<W>{ptr<uint8_t>(m), ptr<W>(t), ptr<W>(f), ptr<W>(out)});
-  };
-  switch (dtype_size(t.dtype())) {
-    case 1: run(uint8_t{}); break;
-    case 2: run(uint16_t{}); break;
-    case 4: run(uint32_t{}); break;
-    default: run(uint64_t{}); break;
-  }
+  const Tensor& v = t.defined() ? t : f;
+  TAPER_ASSERT(m.dtype() == DType::U8 && m.shape() == v.shape());
+  TAPER_ASSERT(!t.defined() || !f.defined() || (t.dtype() == f.dtype() && t.shape() == f.shape()));
+  Tensor out = new_output(v.shape(), v.dtype(), v);
+  const std::vector<int64_t> zero(v.rank(), 0);
+  visit_dtype(v.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using W = std::conditional_t<sizeof(T) == 1, uint8_t,
+              std::conditional_t<sizeof(T) == 2, uint16_t,
+              std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>>;
+    const auto bits = [&](const Tensor& u) {
+      if (u.defined()) return Src<W>{ptr<W>(u), W{}};
+      const T s = cast_value<T>(attrs.f0);
+      W w;
+      std::memcpy(&w, &s, sizeof(W));
+      return Src<W>{nullptr, w};
+    };
+    launch<3>(OpId::where_cond, in, out, {&m.strides(), strides_of(t, zero), strides_of(f, zero)},
+              WhereFn<W>{ptr<uint8_t>(m), bits(t), bits(f), ptr<W>(out)});
+  });
   return {out};
 }
 
@@ -261,7 +290,7 @@ std::vector<Tensor> mul_add_kernel(const std::vector<Tensor>& in, const OpAttrs&
   visit_dtype(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
     if constexpr (!std::is_integral_v<T>) {
-      launch<3>(OpId::mul_add, in, out, {&a, &b, &c},
+      launch<3>(OpId::mul_add, in, out, {&a.strides(), &b.strides(), &c.strides()},
                 MulAddFn<T>{ptr<T>(a), ptr<T>(b), ptr<T>(c), ptr<T>(out)});
     } else {
       TAPER_ASSERT(false && "cuda: mul_add of an integer dtype is not registered");

@@ -1012,9 +1012,6 @@ __global__ void __launch_bounds__(kColX * kColY)
 
 // ---- host side -------------------------------------------------------------------------------
 
-bool has(const std::vector<Tensor>& in, size_t i) {
-  return in.size() > i && in[i].defined() && in[i].elem_count() > 0;
-}
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 /// x's shape without its last dim (the per-row statistics' shape).
@@ -1032,7 +1029,7 @@ template <class C> C* scratch(Tensor& holder, int64_t n, const Tensor& like) {
 }
 
 void fill_bytes(const Tensor& t, int byte) {
-  if (t.defined() && t.elem_count() > 0)
+  if (present(t))
     TAPER_CUDA_CHECK(cudaMemsetAsync(t.data_ptr(), byte, t.elem_count() * dtype_size(t.dtype()),
                                      stream_of(t)));
 }
@@ -1314,11 +1311,11 @@ std::vector<Tensor> norm_fwd(Kind kind, const char* name, const std::vector<Tens
   Shape stat_shape;
   plan_rows(kind, name, x, a, j, stat_shape);
   const int64_t plen = kind == Kind::kGroup ? j.Cn : j.L;
-  if (has(in, 1)) {
+  if (present(in, 1)) {
     check_param(name, "w", in[1], x, plen);
     j.w = in[1].data_ptr();
   }
-  if (kind != Kind::kRms && has(in, 2)) {
+  if (kind != Kind::kRms && present(in, 2)) {
     check_param(name, "b", in[2], x, plen);
     j.b = in[2].data_ptr();
   }
@@ -1378,7 +1375,7 @@ std::vector<Tensor> norm_bwd(Kind kind, const char* name, const std::vector<Tens
                 ": mean must be ", dtype_name(sd), " with ", j.R, " elements; got ",
                 dtype_name(in[2].dtype()), " ", in[2].shape().to_string());
   const int64_t plen = kind == Kind::kGroup ? j.Cn : j.L;
-  const bool hw = has(in, 1);
+  const bool hw = present(in, 1);
   if (hw) {
     check_param(name, "w", in[1], x, plen);
     j.w = in[1].data_ptr();

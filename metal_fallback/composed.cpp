@@ -23,14 +23,10 @@
 namespace taper::composed {
 namespace {
 
-bool present(const Tensor& t) { return t.defined() && t.elem_count() > 0; }
-
-/// The compute dtype of a dtype: f32 for the half types, itself otherwise.
-DType compute_dtype(DType dt) { return is_half(dt) ? DType::F32 : dt; }
 
 /// `t` in its compute dtype (a no-op unless `t` is bf16/f16).
 Tensor upcast(const Tensor& t) {
-  const DType c = compute_dtype(t.dtype());
+  const DType c = stat_dtype(t.dtype());  // float inputs only
   return c == t.dtype() ? t : t.to_dtype(c);
 }
 
@@ -121,9 +117,8 @@ std::vector<Tensor> group_norm_fn(const std::vector<Tensor>& in, const OpAttrs& 
 /// give NaN here, where the kernels give their limits g and 0.)
 std::vector<Tensor> gelu_erf_bwd_fn(const std::vector<Tensor>& in, const OpAttrs&) {
   const Tensor x = upcast(in[0]), g = upcast(in[1]);
-  const auto full = [&](double v) { return Tensor::full(Shape({}), v, x.dtype(), x.device()); };
-  const Tensor small = x.abs().lt(full(1e-30));
-  const Tensor cdf = small.where_cond(full(0.5), x.gelu_erf() / small.where_cond(full(1.0), x));
+  const Tensor small = x.abs().lt(1e-30);
+  const Tensor cdf = small.where_cond(0.5, x.gelu_erf() / small.where_cond(1.0, x));
   const Tensor pdf = (x * x * -0.5).exp() * 0.3989422804014327;  // 1 / sqrt(2 pi)
   return {downcast(g * (cdf + x * pdf), in[0].dtype())};
 }

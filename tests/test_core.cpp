@@ -6,6 +6,7 @@
 #include <map>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <sstream>
 
 #include "taper/composed.h"
@@ -266,6 +267,46 @@ TEST(Registry, KernelCallsAndOpProfileCountDispatches) {
   EXPECT_TRUE(op_profile().empty());
 }
 
+// The op table's contract on what a kernel returns (n_out + n_saved outputs, the saved ones in
+// stat_dtype): dispatch rejects a kernel that breaks it with an Error naming the op.
+TEST(Registry, KernelOutputsAreCheckedAgainstTheTable) {
+  struct SlotGuard {
+    KernelSlot saved = op_def(OpId::rms_norm).kernels[0];
+    ~SlotGuard() { op_def(OpId::rms_norm).kernels[0] = saved; }
+  } guard;
+  static KernelFn original = nullptr;
+  original = guard.saved.fn;
+  const Tensor x = random_tensor(Shape({3, 8}), DType::F32, 5);
+  const Tensor w = random_tensor(Shape({8}), DType::F32, 6);
+  EXPECT_EQ(op_def(OpId::rms_norm).n_saved, 1);
+  (void)ops::rms_norm(x, w, 1e-5);  // the real kernel keeps the contract
+
+  op_def(OpId::rms_norm).kernels[0].fn = [](const std::vector<Tensor>& in, const OpAttrs& a) {
+    std::vector<Tensor> o = original(in, a);
+    o[1] = o[1].to_dtype(DType::F64);  // rstd saved in the wrong dtype
+    return o;
+  };
+  std::string e = error_of([&] { (void)ops::rms_norm(x, w, 1e-5); });
+  EXPECT_TRUE(contains(e, "rms_norm") && contains(e, "saved output 1 as f64") &&
+              contains(e, "says f32"))
+      << e;
+
+  op_def(OpId::rms_norm).kernels[0].fn = [](const std::vector<Tensor>& in, const OpAttrs& a) {
+    return std::vector<Tensor>{original(in, a)[0]};  // the saved rstd missing
+  };
+  e = error_of([&] { (void)ops::rms_norm(x, w, 1e-5); });
+  EXPECT_TRUE(contains(e, "rms_norm") && contains(e, "returned 1 outputs")) << e;
+}
+
+// The attrs column names what each op reads; every op with attributes documents them.
+TEST(Registry, TableDocumentsTheAttributesOpsRead) {
+  EXPECT_EQ(op_def(OpId::group_norm).attrs, "f0: eps; i0: num_groups");
+  EXPECT_EQ(op_def(OpId::div).attrs, "f0: a scalar operand");
+  EXPECT_EQ(op_def(OpId::layer_norm).n_saved, 2);
+  EXPECT_EQ(op_def(OpId::softmax_last_dim).n_saved, 1);
+  EXPECT_EQ(op_def(OpId::matmul).n_saved, 0);
+}
+
 TEST(Registry, CapabilityQuery) {
   EXPECT_TRUE(has_kernel(OpId::add, Device::cpu(), DType::F32));
   EXPECT_FALSE(has_kernel(OpId::exp, Device::cpu(), DType::U8));
@@ -393,6 +434,49 @@ TEST(Autograd, VarChangedAfterForwardKeepsTheGraphsValue) {
   // The next forward sees the new value.
   EXPECT_EQ((*(v * v).sum_all().backward().get(v)).to_vector<double>(),
             (std::vector<double>{200}));
+}
+
+// Calls per op while `f` runs (profiling on), e.g. a backward pass.
+std::map<std::string, uint64_t> op_calls(const std::function<void()>& f) {
+  reset_op_profile();
+  set_op_profiling(true);
+  f();
+  set_op_profiling(false);
+  std::map<std::string, uint64_t> calls;
+  for (const OpProfileRow& r : op_profile()) calls[std::string(op_name(r.op))] += r.calls;
+  reset_op_profile();
+  return calls;
+}
+
+// Backward rules compute only the gradients some input needs: a frozen operand costs no product.
+TEST(Autograd, RulesSkipTheGradientsOfFrozenInputs) {
+  const Var x = Var::from_tensor(random_tensor(Shape({4, 6}), DType::F32, 1));
+  const Tensor w = random_tensor(Shape({6, 5}), DType::F32, 2);  // frozen: not a Var
+  const Tensor y = x.matmul(w).sum_all();
+  GradStore g;
+  auto calls = op_calls([&] { g = y.backward(); });
+  EXPECT_EQ(calls["matmul"], 1u);  // dx = g w^T only; no dw = x^T g
+  ASSERT_TRUE(g.get(x));
+  EXPECT_TRUE(all_close(values(*g.get(x)),
+                        values(Tensor::ones({4, 5}, DType::F32).matmul(w.t())), 1e-6, 1e-6));
+  const Tensor z = (x * w.narrow(1, 0, 4).t()).sum_all();
+  calls = op_calls([&] { (void)z.backward(); });
+  EXPECT_EQ(calls["mul"], 1u);
+}
+
+// The rules' zeros and bounds travel as op attributes: a backward pass makes no scalar tensors
+// (each was an allocation and, on a GPU, a fill launch).
+TEST(Autograd, BackwardRulesMakeNoScalarTensors) {
+  const Var x = Var::from_tensor(random_tensor(Shape({3, 7}), DType::F32, 3));
+  const Var y = Var::from_tensor(random_tensor(Shape({3, 7}), DType::F32, 4));
+  const Tensor m = random_tensor(Shape({3, 7}), DType::F32, 5).gt(0.0);
+  const Tensor loss = (x.relu() + x.abs() + x.clamp(-0.5, 0.5) + x.maximum(y) + x.minimum(0.25) +
+                       m.where_cond(x, y) + m.where_cond(0.5, y) + x / 3.0 + 2.0 / (y.abs() + 1.0))
+                          .sum_all();
+  const Tensor seed = Tensor::ones(Shape({}), DType::F32);  // backward() would fill this one
+  const auto calls = op_calls([&] { (void)loss.backward(seed); });
+  EXPECT_EQ(calls.count("fill"), 0u) << calls.at("fill") << " fills in the backward pass";
+  EXPECT_GT(calls.count("where_cond"), 0u);
 }
 
 TEST(Autograd, FusedOpsPassGradientToEveryInput) {

@@ -22,6 +22,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -723,6 +724,49 @@ TEST(ElementwiseBinary, ScalarOperators) {
       ASSERT_EQ(p[i], round_like(dt, av[i] + 2.5)) << i;
       ASSERT_EQ(m[i], round_like(dt, av[i] * 0.25)) << i;
       ASSERT_EQ(r[i], round_like(dt, 2.0 - av[i])) << i;
+    }
+  }
+}
+
+// A scalar operand travels as the op attribute f0 (no one-element tensor): x.gt(s), x / s,
+// s / x, x.maximum(s), m.where_cond(x, s) give the bits of the same op with Tensor::full(s) of
+// x's dtype, on every device, dtype and layout; and each is one kernel call, not a fill and the op.
+TEST(ElementwiseBinary, ScalarOperandsMatchAFullTensorBitForBit) {
+  for (Device dev : test_devices()) {
+    for (DType dt : kAllTypes) {
+      for (LayoutKind k : {LayoutKind::Contiguous, LayoutKind::Transposed, LayoutKind::Broadcast}) {
+        SCOPED_TRACE(dev.to_string() + " " + std::string(dtype_name(dt)) + " " + layout_name(k));
+        const bool fl = is_float(dt);
+        const Tensor x = with_layout(
+            random_tensor(Shape({5, 37}), dt, dev, 71, fl ? -3.0 : 0.0, fl ? 3.0 : 9.0), k);
+        const Tensor m = random_tensor(Shape({5, 37}), DType::F32, dev, 72).gt(0.0);
+        for (double s : {1.3, -0.0, 2.0, 7.0}) {
+          const Tensor f = Tensor::full(Shape({}), s, dt, dev);
+          const auto same = [&](const Tensor& got, const Tensor& want, const char* what) {
+            ASSERT_EQ(got.shape(), want.shape()) << what;
+            ASSERT_EQ(got.dtype(), want.dtype()) << what;
+            const Tensor g = got.to_device(Device::cpu()), w = want.to_device(Device::cpu());
+            ASSERT_EQ(std::memcmp(g.data_ptr(), w.data_ptr(), g.elem_count() * dtype_size(g.dtype())),
+                      0)
+                << what << " s=" << s;
+          };
+          same(x.gt(s), x.gt(f), "gt");
+          same(x.ge(s), x.ge(f), "ge");
+          same(x.lt(s), x.lt(f), "lt");
+          same(x.le(s), x.le(f), "le");
+          same(x.eq(s), x.eq(f), "eq");
+          same(x.ne(s), x.ne(f), "ne");
+          same(x.maximum(s), x.maximum(f), "maximum");
+          same(x.minimum(s), x.minimum(f), "minimum");
+          same(x / s, x / f, "x / s");
+          same(s / x, f / x, "s / x");
+          same(m.where_cond(x, s), m.where_cond(x, f), "where(m, x, s)");
+          same(m.where_cond(s, x), m.where_cond(f, x), "where(m, s, x)");
+        }
+        const uint64_t before = kernel_calls(dev.kind());
+        const Tensor q = x / 3.0;
+        EXPECT_EQ(kernel_calls(dev.kind()) - before, 1u) << "x / 3.0 is one kernel call";
+      }
     }
   }
 }

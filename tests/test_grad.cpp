@@ -83,6 +83,18 @@ std::vector<GradCase> make_cases() {
         [mask](const Tensor& a, const Tensor& b) { return mask.where_cond(a, b); }, r(s, 39),
         r({5}, 40));
   }
+  // A scalar operand (an op attribute) gets no gradient; the tensor operand gets the right one.
+  un("div_scalar", OpId::div, [](const Tensor& x) { return x / 1.7; }, r(s, 76));
+  un("scalar_div", OpId::div, [](const Tensor& x) { return 1.7 / x; }, away_from_zero(s, 77));
+  un("maximum_scalar", OpId::maximum, [](const Tensor& x) { return x.maximum(0.3); }, r(s, 78));
+  un("minimum_scalar", OpId::minimum, [](const Tensor& x) { return x.minimum(0.3); }, r(s, 79));
+  {
+    Tensor mask = r(s, 80).gt(0.0);
+    un("where_cond_scalar_false", OpId::where_cond,
+       [mask](const Tensor& x) { return mask.where_cond(x, -0.5); }, r(s, 81));
+    un("where_cond_scalar_true", OpId::where_cond,
+       [mask](const Tensor& x) { return mask.where_cond(0.5, x); }, r(s, 82));
+  }
   c.push_back({"mul_add", OpId::mul_add,
                [](const std::vector<Tensor>& v) { return v[0].mul_add(v[1], v[2]); },
                {r(s, 73), r({3, 1}, 74), r({5}, 75)}});

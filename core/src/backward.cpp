@@ -19,10 +19,13 @@ using Tensors = std::vector<Tensor>;
   Tensors bwd_##name(const Tensors& in, const Tensors& out, const Tensors& g, const OpAttrs& a)
 
 Tensor mask_as(const Tensor& m, DType dt) { return m.to_dtype(dt); }
-Tensor scalar(const Tensor& like, double v) {
-  return Tensor::full(Shape({}), v, like.dtype(), like.device());
+/// Whether input i gets a gradient (a Var or a graph result): a rule computes no other, so a
+/// frozen weight costs no product or reduction.
+bool needs(const Tensors& in, size_t i) { return in[i].defined() && in[i].tracks_grad(); }
+/// op(x, in[k]) where in[k] may be the binary op's scalar operand (undefined: attrs.f0).
+Tensor with_operand(OpId op, const Tensor& x, const Tensors& in, size_t k, const OpAttrs& a) {
+  return dispatch1(op, {x, in[k]}, a);
 }
-bool has(const Tensor& t) { return t.defined() && t.elem_count() > 0; }
 
 // ---- views and copies ----
 BWD(reshape) { return {g[0].reshape(in[0].shape())}; }
@@ -58,8 +61,7 @@ BWD(to_dtype) { return {g[0].to_dtype(in[0].dtype())}; }
 BWD(neg) { return {g[0].neg()}; }
 BWD(abs) {
   const Tensor& x = in[0];
-  const Tensor z = Tensor::zeros(Shape({}), x.dtype(), x.device());
-  const Tensor sign = mask_as(x.gt(z), x.dtype()) - mask_as(x.lt(z), x.dtype());
+  const Tensor sign = mask_as(x.gt(0.0), x.dtype()) - mask_as(x.lt(0.0), x.dtype());
   return {g[0] * sign};
 }
 BWD(exp) { return {g[0] * out[0]}; }
@@ -70,10 +72,7 @@ BWD(recip) { return {-(g[0] * out[0] * out[0])}; }
 BWD(sqr) { return {g[0] * in[0] * 2.0}; }
 BWD(tanh) { return {g[0] * (1.0 - out[0] * out[0])}; }
 BWD(sigmoid) { return {g[0] * out[0] * (1.0 - out[0])}; }
-BWD(relu) {
-  const Tensor& x = in[0];
-  return {g[0] * mask_as(x.gt(Tensor::zeros(Shape({}), x.dtype(), x.device())), x.dtype())};
-}
+BWD(relu) { return {g[0] * mask_as(in[0].gt(0.0), in[0].dtype())}; }
 BWD(gelu) {
   // y = 0.5 x (1 + tanh(u)), u = c (x + 0.044715 x^3)
   const Tensor& x = in[0];
@@ -97,29 +96,41 @@ BWD(powf) { return {g[0] * in[0].powf(a.f0 - 1.0) * a.f0}; }
 BWD(affine) { return {g[0] * a.f0}; }
 BWD(clamp) {
   const Tensor& x = in[0];
-  const Tensor inside = x.ge(scalar(x, a.f0)).mul(x.le(scalar(x, a.f1)));
+  const Tensor inside = x.ge(a.f0).mul(x.le(a.f1));
   return {g[0] * mask_as(inside, x.dtype())};
 }
 
 // ---- binary ----
-BWD(add) { return {g[0], g[0]}; }
-BWD(sub) { return {g[0], g[0].neg()}; }
-BWD(mul) { return {g[0] * in[1], g[0] * in[0]}; }
-BWD(div) { return {g[0] / in[1], -(g[0] * out[0] / in[1])}; }
-BWD(maximum) {
-  const Tensor m = in[0].ge(in[1]);  // ties: the gradient goes to the first operand
-  const Tensor z = Tensor::zeros(Shape({}), g[0].dtype(), g[0].device()).broadcast_as(g[0].shape());
-  return {m.where_cond(g[0], z), m.where_cond(z, g[0])};
+// One operand of a binary op may be its scalar attribute (an undefined input, attrs.f0): it gets
+// no gradient, and the rules read it through with_operand.
+BWD(add) { return {needs(in, 0) ? g[0] : Tensor(), needs(in, 1) ? g[0] : Tensor()}; }
+BWD(sub) { return {needs(in, 0) ? g[0] : Tensor(), needs(in, 1) ? g[0].neg() : Tensor()}; }
+BWD(mul) {
+  return {needs(in, 0) ? with_operand(OpId::mul, g[0], in, 1, a) : Tensor(),
+          needs(in, 1) ? with_operand(OpId::mul, g[0], in, 0, a) : Tensor()};
 }
-BWD(minimum) {
-  const Tensor m = in[0].le(in[1]);
-  const Tensor z = Tensor::zeros(Shape({}), g[0].dtype(), g[0].device()).broadcast_as(g[0].shape());
-  return {m.where_cond(g[0], z), m.where_cond(z, g[0])};
+BWD(div) {
+  return {needs(in, 0) ? with_operand(OpId::div, g[0], in, 1, a) : Tensor(),
+          needs(in, 1) ? -(g[0] * out[0] / in[1]) : Tensor()};
 }
-BWD(mul_add) { return {g[0] * in[1], g[0] * in[0], g[0]}; }
+// Ties: the gradient goes to the first operand. `ge_first` is the comparison in[0] >= in[1]
+// (maximum) or in[0] <= in[1] (minimum); with a scalar first operand s it is x <= s or x >= s.
+Tensors select_bwd(OpId ge_first, OpId flipped, const Tensors& in, const Tensors& g,
+                   const OpAttrs& a) {
+  const Tensor m = in[0].defined() ? dispatch1(ge_first, {in[0], in[1]}, a)
+                                   : dispatch1(flipped, {in[1], Tensor()}, a);
+  return {needs(in, 0) ? m.where_cond(g[0], 0.0) : Tensor(),
+          needs(in, 1) ? m.where_cond(0.0, g[0]) : Tensor()};
+}
+BWD(maximum) { return select_bwd(OpId::ge, OpId::le, in, g, a); }
+BWD(minimum) { return select_bwd(OpId::le, OpId::ge, in, g, a); }
+BWD(mul_add) {
+  return {needs(in, 0) ? g[0] * in[1] : Tensor(), needs(in, 1) ? g[0] * in[0] : Tensor(),
+          needs(in, 2) ? g[0] : Tensor()};
+}
 BWD(where_cond) {
-  const Tensor z = Tensor::zeros(Shape({}), g[0].dtype(), g[0].device()).broadcast_as(g[0].shape());
-  return {Tensor(), in[0].where_cond(g[0], z), in[0].where_cond(z, g[0])};
+  return {Tensor(), needs(in, 1) ? in[0].where_cond(g[0], 0.0) : Tensor(),
+          needs(in, 2) ? in[0].where_cond(0.0, g[0]) : Tensor()};
 }
 
 // ---- reductions ----
@@ -140,7 +151,10 @@ BWD(max) { return minmax_bwd(in, out, g, a); }
 BWD(min) { return minmax_bwd(in, out, g, a); }
 
 // ---- matmul ----
-BWD(matmul) { return {g[0].matmul(in[1].t()), in[0].t().matmul(g[0])}; }
+BWD(matmul) {
+  return {needs(in, 0) ? g[0].matmul(in[1].t()) : Tensor(),
+          needs(in, 1) ? in[0].t().matmul(g[0]) : Tensor()};
+}
 
 // ---- indexing ----
 BWD(index_select) {
@@ -156,7 +170,10 @@ BWD(gather) {
   return {Tensor::zeros(in[0].shape(), g[0].dtype(), in[0].device()).scatter_add(in[1], g[0], a.i0),
           Tensor()};
 }
-BWD(scatter_add) { return {g[0], Tensor(), g[0].gather(in[1], a.i0)}; }
+BWD(scatter_add) {
+  return {needs(in, 0) ? g[0] : Tensor(), Tensor(),
+          needs(in, 2) ? g[0].gather(in[1], a.i0) : Tensor()};
+}
 BWD(cat) {
   Tensors out_g;
   size_t start = 0;
@@ -187,8 +204,8 @@ BWD(log_softmax_last_dim) {
 // reduction; attrs.dtype is the bias's dtype (db is rounded once to it).
 OpAttrs norm_bwd_attrs(const OpAttrs& a, const Tensor& w, const Tensor& b, const Tensor& x) {
   OpAttrs r = a;
-  r.ints = {has(w) && w.tracks_grad() ? 1 : 0, has(b) && b.tracks_grad() ? 1 : 0};
-  r.dtype = has(b) ? b.dtype() : x.dtype();
+  r.ints = {present(w) && w.tracks_grad() ? 1 : 0, present(b) && b.tracks_grad() ? 1 : 0};
+  r.dtype = present(b) ? b.dtype() : x.dtype();
   return r;
 }
 BWD(rms_norm) {
@@ -220,7 +237,7 @@ constexpr BwdFn bwd_fill = nullptr, bwd_arange = nullptr, bwd_rand_uniform = nul
 
 BwdFn backward_rule(OpId op) {
   switch (op) {
-#define TAPER_X(name, arity, nout, diff) \
+#define TAPER_X(name, arity, nout, nsaved, diff, attrs) \
   case OpId::name:                       \
     return bwd_##name;
     TAPER_OPS(TAPER_X)

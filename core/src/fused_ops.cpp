@@ -6,12 +6,6 @@
 namespace taper::ops {
 namespace {
 
-bool present(const Tensor& t) { return t.defined() && t.elem_count() > 0; }
-
-// An undefined affine tensor travels as an empty one of x's dtype and device.
-Tensor or_empty(const Tensor& t, const Tensor& x) {
-  return t.defined() ? t : Tensor::zeros(Shape({0}), x.dtype(), x.device());
-}
 
 void check_float(const char* op, const Tensor& x) {
   TAPER_CHECK(is_float(x.dtype()), op, ": needs a float input, got ", dtype_name(x.dtype()), " ",
@@ -56,7 +50,7 @@ Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) {
   check_affine("rms_norm", "weight", w, x, x.dim(-1));
   OpAttrs a;
   a.f0 = eps;
-  return dispatch1(OpId::rms_norm, {x, or_empty(w, x)}, a);
+  return dispatch1(OpId::rms_norm, {x, w}, a);
 }
 
 Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
@@ -66,7 +60,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps)
   check_affine("layer_norm", "bias", b, x, x.dim(-1));
   OpAttrs a;
   a.f0 = eps;
-  return dispatch1(OpId::layer_norm, {x, or_empty(w, x), or_empty(b, x)}, a);
+  return dispatch1(OpId::layer_norm, {x, w, b}, a);
 }
 
 Tensor group_norm(const Tensor& x, size_t num_groups, const Tensor& w, const Tensor& b,
@@ -83,7 +77,7 @@ Tensor group_norm(const Tensor& x, size_t num_groups, const Tensor& w, const Ten
   OpAttrs a;
   a.f0 = eps;
   a.i0 = static_cast<int64_t>(num_groups);
-  return dispatch1(OpId::group_norm, {x, or_empty(w, x), or_empty(b, x)}, a);
+  return dispatch1(OpId::group_norm, {x, w, b}, a);
 }
 
 }  // namespace taper::ops

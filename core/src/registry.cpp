@@ -20,7 +20,7 @@ namespace taper {
 namespace {
 
 constexpr std::string_view kOpNames[] = {
-#define TAPER_X(name, arity, nout, diff) #name,
+#define TAPER_X(name, arity, nout, nsaved, diff, attrs) #name,
     TAPER_OPS(TAPER_X)
 #undef TAPER_X
 };
@@ -29,7 +29,8 @@ static_assert(sizeof(kOpNames) / sizeof(kOpNames[0]) == kNumOps, "op name table 
 std::vector<OpDef>& table() {
   static std::vector<OpDef>* t = [] {
     auto* v = new std::vector<OpDef>();
-#define TAPER_X(name, arity, nout, diff) v->push_back(OpDef{#name, arity, nout, diff});
+#define TAPER_X(name, arity, nout, nsaved, diff, attrs) \
+  v->push_back(OpDef{#name, arity, nout, nsaved, diff, attrs});
     TAPER_OPS(TAPER_X)
 #undef TAPER_X
     for (size_t i = 0; i < v->size(); ++i) (*v)[i].bwd = backward_rule(static_cast<OpId>(i));
@@ -51,6 +52,21 @@ std::string describe_inputs(const std::vector<Tensor>& in) {
     os << in[i].shape().to_string() << " " << dtype_name(in[i].dtype());
   }
   return os.str();
+}
+
+// The table's contract for what a kernel returns: n_out + n_saved tensors, the saved ones in
+// stat_dtype of the input dtype (the backward rules read them as such). A mismatch is a bug of
+// the kernel: an Error naming it, not a wrong gradient later.
+void check_outputs(const OpDef& d, Device dev, DType dt, const std::vector<Tensor>& outs) {
+  const size_t want = static_cast<size_t>(d.n_out + d.n_saved);
+  TAPER_CHECK(outs.size() == want, "internal error: the ", dev.to_string(), " kernel of ", d.name,
+              " returned ", outs.size(), " outputs, the op table says ", d.n_out, " + ",
+              d.n_saved, " saved");
+  for (size_t i = static_cast<size_t>(d.n_out); i < want; ++i)
+    TAPER_CHECK(outs[i].defined() && outs[i].dtype() == stat_dtype(dt), "internal error: the ",
+                dev.to_string(), " kernel of ", d.name, " saved output ", i, " as ",
+                outs[i].defined() ? dtype_name(outs[i].dtype()) : "undefined", ", the op table says ",
+                dtype_name(stat_dtype(dt)), " for ", dtype_name(dt), " inputs");
 }
 
 }  // namespace
@@ -150,10 +166,13 @@ void reset_op_profile() {
 std::vector<Tensor> dispatch(OpId op, const std::vector<Tensor>& in, const OpAttrs& attrs) {
   const OpDef& d = op_def(op);
   TAPER_ASSERT(d.arity < 0 || static_cast<size_t>(d.arity) == in.size());
-  const Device dev = in.empty() ? attrs.device : in[0].device();
-  const DType dt = in.empty() ? attrs.dtype : in[0].dtype();
+  // Device and dtype: the first defined input's (an undefined one is "none" or, for the binary
+  // ops and where_cond, the scalar attrs.f0), the attributes' for creation ops.
+  const auto first = std::find_if(in.begin(), in.end(), [](const Tensor& t) { return t.defined(); });
+  const Device dev = first == in.end() ? attrs.device : first->device();
+  const DType dt = first == in.end() ? attrs.dtype : first->dtype();
   for (const Tensor& t : in)
-    TAPER_CHECK(t.device() == dev, d.name, ": inputs on different devices (", dev.to_string(),
+    TAPER_CHECK(!t.defined() || t.device() == dev, d.name, ": inputs on different devices (", dev.to_string(),
                 " and ", t.device().to_string(), ")");
   TAPER_CHECK(dev.is_cpu() || (dev.ordinal() >= 0 && dev.ordinal() < device_count(dev.kind())),
               d.name, ": device ", dev.to_string(), " is not available (",
@@ -178,7 +197,8 @@ std::vector<Tensor> dispatch(OpId op, const std::vector<Tensor>& in, const OpAtt
   if (slot.needs_contiguous) {
     std::vector<Tensor> cin;
     cin.reserve(in.size());
-    for (const Tensor& t : in) cin.push_back(t.is_contiguous() ? t : t.detach().contiguous());
+    for (const Tensor& t : in)
+      cin.push_back(!t.defined() || t.is_contiguous() ? t : t.detach().contiguous());
     outs = slot.fn(cin, attrs);
   } else {
     outs = slot.fn(in, attrs);
@@ -197,7 +217,7 @@ std::vector<Tensor> dispatch(OpId op, const std::vector<Tensor>& in, const OpAtt
     ++r.calls;
     r.seconds += s;
   }
-  TAPER_ASSERT(outs.size() >= static_cast<size_t>(d.n_out));
+  check_outputs(d, dev, dt, outs);
   return detail::record(op, in, std::move(outs), attrs);
 }
 

@@ -28,9 +28,12 @@ Tensor binary(OpId op, const Tensor& a, const Tensor& b) {
   return dispatch1(op, {a.broadcast_as(s), b.broadcast_as(s)});
 }
 
-Tensor scalar_like(const Tensor& a, double s) {
-  // Rank 0: broadcasts to a's shape, () included.
-  return Tensor::full(Shape({}), s, a.dtype(), a.device());
+// op(a, s) (scalar_first: op(s, a)) with s an op attribute: an undefined operand in its place,
+// which the kernels read as attrs.f0 converted once to a's dtype.
+Tensor binary_scalar(OpId op, const Tensor& a, double s, bool scalar_first = false) {
+  OpAttrs at;
+  at.f0 = s;
+  return scalar_first ? dispatch1(op, {Tensor(), a}, at) : dispatch1(op, {a, Tensor()}, at);
 }
 
 std::vector<int64_t> norm_dims(const std::vector<int64_t>& dims, size_t rank, const char* op) {
@@ -143,6 +146,37 @@ Tensor Tensor::where_cond(const Tensor& on_true, const Tensor& on_false) const {
   s = broadcast_shapes(shape(), s, "where_cond");
   return dispatch1(OpId::where_cond,
                    {broadcast_as(s), on_true.broadcast_as(s), on_false.broadcast_as(s)});
+}
+
+Tensor Tensor::maximum(double s) const { return binary_scalar(OpId::maximum, *this, s); }
+Tensor Tensor::minimum(double s) const { return binary_scalar(OpId::minimum, *this, s); }
+Tensor Tensor::eq(double s) const { return binary_scalar(OpId::eq, *this, s); }
+Tensor Tensor::ne(double s) const { return binary_scalar(OpId::ne, *this, s); }
+Tensor Tensor::lt(double s) const { return binary_scalar(OpId::lt, *this, s); }
+Tensor Tensor::le(double s) const { return binary_scalar(OpId::le, *this, s); }
+Tensor Tensor::gt(double s) const { return binary_scalar(OpId::gt, *this, s); }
+Tensor Tensor::ge(double s) const { return binary_scalar(OpId::ge, *this, s); }
+
+namespace {
+Tensor where_scalar(const Tensor& mask, const Tensor& v, double s, bool scalar_true) {
+  TAPER_CHECK(mask.dtype() == DType::U8, "where_cond: the mask must be u8, got ",
+              dtype_name(mask.dtype()), " ", mask.shape().to_string());
+  TAPER_CHECK(mask.device() == v.device(), "where_cond: device mismatch, mask on ",
+              mask.device().to_string(), ", values on ", v.device().to_string());
+  const Shape sh = broadcast_shapes(mask.shape(), v.shape(), "where_cond");
+  OpAttrs a;
+  a.f0 = s;
+  const Tensor vb = v.broadcast_as(sh);
+  return dispatch1(OpId::where_cond, {mask.broadcast_as(sh), scalar_true ? Tensor() : vb,
+                                      scalar_true ? vb : Tensor()},
+                   a);
+}
+}  // namespace
+Tensor Tensor::where_cond(const Tensor& on_true, double on_false) const {
+  return where_scalar(*this, on_true, on_false, false);
+}
+Tensor Tensor::where_cond(double on_true, const Tensor& on_false) const {
+  return where_scalar(*this, on_false, on_true, true);
 }
 
 Tensor Tensor::mul_add(const Tensor& b, const Tensor& c) const {
@@ -279,10 +313,10 @@ Tensor operator-(const Tensor& a) { return a.neg(); }
 Tensor operator+(const Tensor& a, double s) { return a.affine(1.0, s); }
 Tensor operator-(const Tensor& a, double s) { return a.affine(1.0, -s); }
 Tensor operator*(const Tensor& a, double s) { return a.affine(s, 0.0); }
-Tensor operator/(const Tensor& a, double s) { return a.div(scalar_like(a, s)); }
+Tensor operator/(const Tensor& a, double s) { return binary_scalar(OpId::div, a, s); }
 Tensor operator+(double s, const Tensor& a) { return a.affine(1.0, s); }
 Tensor operator-(double s, const Tensor& a) { return a.affine(-1.0, s); }
 Tensor operator*(double s, const Tensor& a) { return a.affine(s, 0.0); }
-Tensor operator/(double s, const Tensor& a) { return scalar_like(a, s).div(a); }
+Tensor operator/(double s, const Tensor& a) { return binary_scalar(OpId::div, a, s, true); }
 
 }  // namespace taper

@@ -9,12 +9,6 @@
 
 namespace taper::nn::functional {
 
-namespace {
-// Dtype of a dropout mask's uniform draw: half types draw in f32, so the keep probability is
-// not quantised to 2^-8 (bf16) steps.
-DType draw_dtype(DType dt) { return dt == DType::F64 ? DType::F64 : DType::F32; }
-}  // namespace
-
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   TAPER_CHECK(w.rank() == 2, "linear: weight must be (out, in), got ", w.shape().to_string());
   TAPER_CHECK(x.rank() >= 1 && x.dim(-1) == w.dim(1), "linear: input ", x.shape().to_string(),
@@ -49,12 +43,12 @@ Tensor dropout(const Tensor& x, double p, uint64_t seed, bool training) {
   TAPER_CHECK(p >= 0.0 && p <= 1.0, "dropout: probability must be in [0, 1], got ", p);
   TAPER_CHECK(is_float(x.dtype()), "dropout: needs a float input, got ", dtype_name(x.dtype()));
   if (!training || p == 0.0) return x;
-  const Tensor zero = Tensor::zeros(Shape({}), x.dtype(), x.device());
   if (p == 1.0) return x * 0.0;
-  const DType ddt = draw_dtype(x.dtype());
+  // Half types draw in f32, so the keep probability is not quantised to 2^-8 (bf16) steps.
+  const DType ddt = stat_dtype(x.dtype());
   const Tensor u = Tensor::rand(x.shape(), ddt, x.device(), seed);
-  const Tensor keep = u.ge(Tensor::full(Shape({}), p, ddt, x.device()));  // P(keep) = 1 - p
-  return keep.where_cond(x * (1.0 / (1.0 - p)), zero);
+  const Tensor keep = u.ge(p);  // P(keep) = 1 - p
+  return keep.where_cond(x * (1.0 / (1.0 - p)), 0.0);
 }
 
 Tensor causal_mask(size_t t, size_t s, DType dt, Device dev) {
@@ -74,7 +68,7 @@ Tensor padding_mask(const Tensor& attention_mask, DType dt) {
   double big = -1e9;
   if (dt == DType::F16) big = -65504.0;
   if (dt == DType::BF16) big = -3.3895313892515355e38;  // lowest finite bf16
-  const DType cdt = dt == DType::F64 ? DType::F64 : DType::F32;
+  const DType cdt = stat_dtype(dt);
   const Tensor m = attention_mask.to_dtype(cdt);
   const Tensor add = (1.0 - m) * big;
   return add.to_dtype(dt).reshape(

@@ -10,12 +10,11 @@
 namespace taper::nn {
 
 namespace {
-// Initial values are drawn in f32 (f64 for f64 models) and rounded once to the target dtype,
-// so a bf16 model starts from the rounded f32 model of the same seed.
-DType init_dtype(DType dt) { return dt == DType::F64 ? DType::F64 : DType::F32; }
+// Initial values are drawn in stat_dtype (f32; f64 for f64 models) and rounded once to the
+// target dtype, so a bf16 model starts from the rounded f32 model of the same seed.
 
 Tensor uniform(const Shape& s, double bound, DType dt) {
-  return Tensor::rand(s, init_dtype(dt), Device::cpu(), next_seed(), -bound, bound).to_dtype(dt);
+  return Tensor::rand(s, stat_dtype(dt), Device::cpu(), next_seed(), -bound, bound).to_dtype(dt);
 }
 
 void check_float(const char* layer, DType dt) {
@@ -38,7 +37,7 @@ Tensor Linear::forward(const Tensor& x) { return functional::linear(x, weight, b
 Embedding::Embedding(const EmbeddingOptions& o) : Module("Embedding"), options_(o) {
   check_float("Embedding", o.dtype());
   weight = register_parameter(
-      "weight", Tensor::randn({o.num_embeddings(), o.embedding_dim()}, init_dtype(o.dtype()),
+      "weight", Tensor::randn({o.num_embeddings(), o.embedding_dim()}, stat_dtype(o.dtype()),
                               Device::cpu(), next_seed())
                     .to_dtype(o.dtype()));
 }

@@ -35,12 +35,10 @@ Picked pick(const char* op, const Tensor& scores, const Tensor& targets, int64_t
     const bool u32 = targets.dtype() == DType::U32;
     const bool can_match = !u32 || (ignore_index >= 0 && ignore_index <= int64_t{UINT32_MAX});
     const Tensor t = targets.reshape(Shape({n}));
-    p.keep = can_match ? t.ne(Tensor::full(Shape({}), static_cast<double>(ignore_index),
-                                           targets.dtype(), dev))
+    p.keep = can_match ? t.ne(static_cast<double>(ignore_index))
                        : Tensor::ones(Shape({n}), DType::U8, dev);
-    p.index = p.keep.where_cond(t, Tensor::zeros(Shape({}), targets.dtype(), dev))
-                  .reshape(Shape({n, 1}));
-    p.kept = p.keep.to_dtype(scores.dtype() == DType::F64 ? DType::F64 : DType::F32).sum_all();
+    p.index = p.keep.where_cond(t, 0.0).reshape(Shape({n, 1}));
+    p.kept = p.keep.to_dtype(stat_dtype(scores.dtype())).sum_all();
     return p;
   }
   const std::vector<int64_t> tv = targets.to_vector<int64_t>();
@@ -90,8 +88,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, const CrossEnt
     // (1 - s) * nll + s * (uniform-target cross entropy = -mean_c log p_c)
     per = per * (1.0 - s) + logp.mean({1}) * (-s);
   }
-  const Tensor zero = Tensor::zeros(Shape({}), per.dtype(), per.device());
-  per = p.keep.where_cond(per, zero);
+  per = p.keep.where_cond(per, 0.0);
   return reduce_loss(per, p, targets, o.reduction());
 }
 
@@ -99,8 +96,7 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& targets, const NllLossOpt
   const Picked p = pick("nll_loss", log_probs, targets, o.ignore_index());
   const size_t c = log_probs.dim(-1), n = targets.elem_count();
   Tensor per = nll_rows(log_probs.reshape(Shape({n, c})), p);
-  const Tensor zero = Tensor::zeros(Shape({}), per.dtype(), per.device());
-  per = p.keep.where_cond(per, zero);
+  per = p.keep.where_cond(per, 0.0);
   return reduce_loss(per, p, targets, o.reduction());
 }
 

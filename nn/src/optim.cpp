@@ -91,10 +91,6 @@ void Optimizer::accumulate(const GradStore& grads) {
 
 void Optimizer::zero_grad() { accum_ = GradStore(); }
 
-DType Optimizer::compute_dtype(const Var& p) {
-  return p.dtype() == DType::F64 ? DType::F64 : DType::F32;
-}
-
 Tensor Optimizer::compute_value(const Var& p, State& s) {
   if (!is_half(p.dtype())) return p.value();
   if (!s.master.defined()) s.master = p.value().to_dtype(DType::F32).contiguous();
@@ -153,7 +149,7 @@ void Optimizer::load_state_dict(const std::vector<std::pair<std::string, Tensor>
                   params[i].shape().to_string());
       return clone(t.to_device(params[i].device()));
     };
-    const DType cd = compute_dtype(params[i]);
+    const DType cd = stat_dtype(params[i].dtype());
     if (is_half(params[i].dtype())) fresh[i].master = take(k + "master", DType::F32);
     if (slots.size() > 0) fresh[i].slot0 = take(k + slots[0], cd);
     if (slots.size() > 1) fresh[i].slot1 = take(k + slots[1], cd);
@@ -205,7 +201,7 @@ AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& o)
 }
 
 void AdamW::update(Var& p, State& s, const Tensor& g, double wd) {
-  const DType cd = compute_dtype(p);
+  const DType cd = stat_dtype(p.dtype());
   if (!s.slot0.defined()) {
     s.slot0 = Tensor::zeros(p.shape(), cd, p.device());
     s.slot1 = Tensor::zeros(p.shape(), cd, p.device());
@@ -250,7 +246,7 @@ double clip_grad_norm(const std::vector<Var>& params, GradStore& grads, double m
     if (!g) continue;
     present.emplace_back(p, *g);
     // Sum of squares accumulated in f32 (f64 for f64) inside the reduction, in f64 across tensors.
-    const DType cd = g->dtype() == DType::F64 ? DType::F64 : DType::F32;
+    const DType cd = stat_dtype(g->dtype());
     sq += g->detach().to_dtype(cd).sqr().sum_all().item();
   }
   const double norm = std::sqrt(sq);

@@ -15,97 +15,103 @@
 
 namespace taper {
 
-// X(name, arity, n_out, differentiable). arity -1: variadic. n_out counts user-visible outputs;
-// a kernel may return more (saved tensors for the backward, e.g. mean and rstd).
-#define TAPER_OPS(X)                          \
-  /* views: device independent, no kernel */  \
-  X(reshape, 1, 1, true)                      \
-  X(permute, 1, 1, true)                      \
-  X(narrow, 1, 1, true)                       \
-  X(broadcast_as, 1, 1, true)                 \
-  /* device transfer: no kernel (the backends' copies) */ \
-  X(to_device, 1, 1, true)                    \
-  /* copy_cast */                             \
-  X(copy, 1, 1, true)                         \
-  X(to_dtype, 1, 1, true)                     \
-  X(fill, 0, 1, false)                        \
-  X(arange, 0, 1, false)                      \
-  X(rand_uniform, 0, 1, false)                \
-  X(rand_normal, 0, 1, false)                 \
-  /* unary */                                 \
-  X(neg, 1, 1, true)                          \
-  X(abs, 1, 1, true)                          \
-  X(exp, 1, 1, true)                          \
-  X(log, 1, 1, true)                          \
-  X(sqrt, 1, 1, true)                         \
-  X(rsqrt, 1, 1, true)                        \
-  X(recip, 1, 1, true)                        \
-  X(sqr, 1, 1, true)                          \
-  X(tanh, 1, 1, true)                         \
-  X(sigmoid, 1, 1, true)                      \
-  X(relu, 1, 1, true)                         \
-  X(gelu, 1, 1, true)                         \
-  X(gelu_erf, 1, 1, true)                     \
-  X(gelu_erf_bwd, 2, 1, false)                \
-  X(silu, 1, 1, true)                         \
-  X(sin, 1, 1, true)                          \
-  X(cos, 1, 1, true)                          \
-  X(powf, 1, 1, true)                         \
-  X(affine, 1, 1, true)                       \
-  X(clamp, 1, 1, true)                        \
-  /* binary */                                \
-  X(add, 2, 1, true)                          \
-  X(sub, 2, 1, true)                          \
-  X(mul, 2, 1, true)                          \
-  X(div, 2, 1, true)                          \
-  X(maximum, 2, 1, true)                      \
-  X(minimum, 2, 1, true)                      \
-  X(eq, 2, 1, false)                          \
-  X(ne, 2, 1, false)                          \
-  X(lt, 2, 1, false)                          \
-  X(le, 2, 1, false)                          \
-  X(gt, 2, 1, false)                          \
-  X(ge, 2, 1, false)                          \
-  X(where_cond, 3, 1, true)                   \
-  X(mul_add, 3, 1, true)                      \
-  /* reduce */                                \
-  X(sum, 1, 1, true)                          \
-  X(max, 1, 1, true)                          \
-  X(min, 1, 1, true)                          \
-  X(argmax, 1, 1, false)                      \
-  X(argmin, 1, 1, false)                      \
-  /* matmul */                                \
-  X(matmul, 2, 1, true)                       \
-  /* index */                                 \
-  X(index_select, 2, 1, true)                 \
-  X(gather, 2, 1, true)                       \
-  X(scatter_add, 3, 1, true)                  \
-  X(cat, -1, 1, true)                         \
-  X(narrow_bwd, 1, 1, true)                   \
-  /* fused (softmax, norm) */                 \
-  X(softmax_last_dim, 1, 1, true)             \
-  X(log_softmax_last_dim, 1, 1, true)         \
-  X(softmax_last_dim_bwd, 3, 1, false)        \
-  X(log_softmax_last_dim_bwd, 3, 1, false)     \
-  X(rms_norm, 2, 1, true)                     \
-  X(layer_norm, 3, 1, true)                   \
-  X(group_norm, 3, 1, true)                   \
-  X(rms_norm_bwd, 4, 2, false)                \
-  X(layer_norm_bwd, 5, 3, false)              \
-  X(group_norm_bwd, 5, 3, false)              \
-  /* optim (updates of the optimizers; outputs are the new tensors) */ \
-  X(adamw_step, 4, 3, false)
+// The op table. X(name, arity, n_out, n_saved, differentiable, attrs):
+// - arity: the inputs (-1: variadic); an undefined input is an absent operand (the norms' weight
+//   and bias), or for the binary ops and where_cond the scalar attribute f0.
+// - n_out: the user-visible outputs. n_saved: the further outputs a kernel returns for the
+//   backward, each in stat_dtype(dtype of input 0) (f32 for the half types and f32, f64 for
+//   f64); dispatch checks every kernel's outputs against both. Composed forms return n_out only
+//   (their parts save their own).
+// - attrs: the OpAttrs fields the op reads (kernels, composed form and backward rule alike).
+#define TAPER_OPS(X)                                                                               \
+  /* views: device independent, no kernel */                                                       \
+  X(reshape, 1, 1, 0, true, "shape")                                                               \
+  X(permute, 1, 1, 0, true, "ints: the order")                                                     \
+  X(narrow, 1, 1, 0, true, "i0: dim; ints: start, the dim's full length")                          \
+  X(broadcast_as, 1, 1, 0, true, "shape")                                                          \
+  /* device transfer: no kernel (the backends' copies) */                                          \
+  X(to_device, 1, 1, 0, true, "device")                                                            \
+  /* copy_cast */                                                                                  \
+  X(copy, 1, 1, 0, true, "")                                                                       \
+  X(to_dtype, 1, 1, 0, true, "dtype")                                                              \
+  X(fill, 0, 1, 0, false, "shape, dtype, device; f0: the value")                                   \
+  X(arange, 0, 1, 0, false, "shape, dtype, device; f0: start; f1: step")                           \
+  X(rand_uniform, 0, 1, 0, false, "shape, dtype, device, seed; f0: lo; f1: hi")                    \
+  X(rand_normal, 0, 1, 0, false, "shape, dtype, device, seed; f0: mean; f1: std")                  \
+  /* unary */                                                                                      \
+  X(neg, 1, 1, 0, true, "")                                                                        \
+  X(abs, 1, 1, 0, true, "")                                                                        \
+  X(exp, 1, 1, 0, true, "")                                                                        \
+  X(log, 1, 1, 0, true, "")                                                                        \
+  X(sqrt, 1, 1, 0, true, "")                                                                       \
+  X(rsqrt, 1, 1, 0, true, "")                                                                      \
+  X(recip, 1, 1, 0, true, "")                                                                      \
+  X(sqr, 1, 1, 0, true, "")                                                                        \
+  X(tanh, 1, 1, 0, true, "")                                                                       \
+  X(sigmoid, 1, 1, 0, true, "")                                                                    \
+  X(relu, 1, 1, 0, true, "")                                                                       \
+  X(gelu, 1, 1, 0, true, "")                                                                       \
+  X(gelu_erf, 1, 1, 0, true, "")                                                                   \
+  X(gelu_erf_bwd, 2, 1, 0, false, "")                                                              \
+  X(silu, 1, 1, 0, true, "")                                                                       \
+  X(sin, 1, 1, 0, true, "")                                                                        \
+  X(cos, 1, 1, 0, true, "")                                                                        \
+  X(powf, 1, 1, 0, true, "f0: exponent")                                                           \
+  X(affine, 1, 1, 0, true, "f0: mul; f1: add")                                                     \
+  X(clamp, 1, 1, 0, true, "f0: lo; f1: hi")                                                        \
+  /* binary (an undefined operand is the scalar attrs.f0) */                                       \
+  X(add, 2, 1, 0, true, "f0: a scalar operand")                                                    \
+  X(sub, 2, 1, 0, true, "f0: a scalar operand")                                                    \
+  X(mul, 2, 1, 0, true, "f0: a scalar operand")                                                    \
+  X(div, 2, 1, 0, true, "f0: a scalar operand")                                                    \
+  X(maximum, 2, 1, 0, true, "f0: a scalar operand")                                                \
+  X(minimum, 2, 1, 0, true, "f0: a scalar operand")                                                \
+  X(eq, 2, 1, 0, false, "f0: a scalar operand")                                                    \
+  X(ne, 2, 1, 0, false, "f0: a scalar operand")                                                    \
+  X(lt, 2, 1, 0, false, "f0: a scalar operand")                                                    \
+  X(le, 2, 1, 0, false, "f0: a scalar operand")                                                    \
+  X(gt, 2, 1, 0, false, "f0: a scalar operand")                                                    \
+  X(ge, 2, 1, 0, false, "f0: a scalar operand")                                                    \
+  X(where_cond, 3, 1, 0, true, "f0: a scalar value")                                               \
+  X(mul_add, 3, 1, 0, true, "")                                                                    \
+  /* reduce */                                                                                     \
+  X(sum, 1, 1, 0, true, "ints: dims; flag: keepdim")                                               \
+  X(max, 1, 1, 0, true, "ints: dims; flag: keepdim")                                               \
+  X(min, 1, 1, 0, true, "ints: dims; flag: keepdim")                                               \
+  X(argmax, 1, 1, 0, false, "ints: the dim; flag: keepdim")                                        \
+  X(argmin, 1, 1, 0, false, "ints: the dim; flag: keepdim")                                        \
+  /* matmul */                                                                                     \
+  X(matmul, 2, 1, 0, true, "")                                                                     \
+  /* index */                                                                                      \
+  X(index_select, 2, 1, 0, true, "i0: dim")                                                        \
+  X(gather, 2, 1, 0, true, "i0: dim")                                                              \
+  X(scatter_add, 3, 1, 0, true, "i0: dim")                                                         \
+  X(cat, -1, 1, 0, true, "i0: dim")                                                                \
+  X(narrow_bwd, 1, 1, 0, true, "i0: dim; ints: start, full length")                                \
+  /* fused (softmax, norm); saved outputs: softmax's (..., 2) row stats, the norms' mean/rstd */   \
+  X(softmax_last_dim, 1, 1, 1, true, "")                                                           \
+  X(log_softmax_last_dim, 1, 1, 1, true, "")                                                       \
+  X(softmax_last_dim_bwd, 3, 1, 0, false, "")                                                      \
+  X(log_softmax_last_dim_bwd, 3, 1, 0, false, "")                                                  \
+  X(rms_norm, 2, 1, 1, true, "f0: eps")                                                            \
+  X(layer_norm, 3, 1, 2, true, "f0: eps")                                                          \
+  X(group_norm, 3, 1, 2, true, "f0: eps; i0: num_groups")                                          \
+  X(rms_norm_bwd, 4, 2, 0, false, "ints: need dw, need db; dtype: db's")                           \
+  X(layer_norm_bwd, 5, 3, 0, false, "ints: need dw, need db; dtype: db's")                         \
+  X(group_norm_bwd, 5, 3, 0, false, "i0: num_groups; ints: need dw, need db; dtype: db's")         \
+  /* optim (updates of the optimizers; outputs are the new tensors) */                             \
+  X(adamw_step, 4, 3, 0, false, "reals: decay, b1, b2, eps, lr / bc1, sqrt(bc2)")
 
 /// Every op. `OpId::Count` is the table size.
 enum class OpId : uint16_t {
-#define TAPER_X(name, arity, nout, diff) name,
+#define TAPER_X(name, arity, nout, nsaved, diff, attrs) name,
   TAPER_OPS(TAPER_X)
 #undef TAPER_X
       Count
 };
 inline constexpr size_t kNumOps = static_cast<size_t>(OpId::Count);
 
-/// Non-tensor arguments of an op. Each op documents which fields it reads (core/op_table.cpp).
+/// Non-tensor arguments of an op. Which fields each op reads is the table's attrs column.
 struct OpAttrs {
   std::vector<int64_t> ints;   ///< dims (reduce, permute), shapes, or (dim, start, len)
   std::vector<size_t> shape;   ///< target shape (reshape, broadcast_as, creation ops)
@@ -118,6 +124,13 @@ struct OpAttrs {
   uint64_t seed = 0;
   std::vector<double> reals;   ///< further scalars (adamw_step: decay, b1, b2, eps, lr/bc1, sqrt(bc2))
 };
+
+/// Whether an optional operand (the norms' weight or bias) is given: defined and not empty.
+inline bool present(const Tensor& t) { return t.defined() && t.elem_count() > 0; }
+/// `present` for input i of a kernel's or rule's inputs (absent past the end).
+inline bool present(const std::vector<Tensor>& in, size_t i) {
+  return i < in.size() && present(in[i]);
+}
 
 /// A kernel: computes the outputs of one op on one device. It receives the inputs as given
 /// (strided views) unless it was registered with `needs_contiguous`; it allocates its outputs.
@@ -145,7 +158,9 @@ struct OpDef {
   std::string_view name;
   int arity;
   int n_out;
+  int n_saved;  ///< outputs a kernel returns after the n_out visible ones, in stat_dtype
   bool differentiable;
+  std::string_view attrs;  ///< the OpAttrs fields it reads (documentation)
   std::array<KernelSlot, kNumDeviceKinds> kernels{};
   BwdFn bwd = nullptr;
   ComposedFn composed = nullptr;

@@ -244,6 +244,31 @@ class Tensor {
   /// Where this (a U8 mask) is nonzero, `on_true`, else `on_false` (broadcast together).
   /// Error when the mask is not U8 or the values differ in dtype or device.
   Tensor where_cond(const Tensor& on_true, const Tensor& on_false) const;
+  // With a scalar operand s: s takes this tensor's dtype (converted once, as `full` converts
+  // it: an integer tensor compares with trunc(s)) and travels as an op attribute, so there is no
+  // one-element tensor and, on a GPU, no fill launch. Any dtype; the gradient (maximum,
+  // minimum, where_cond) goes to the tensor operand only.
+  /// Elementwise max(this, s); NaN in this gives NaN.
+  Tensor maximum(double s) const;
+  /// Elementwise min(this, s); NaN in this gives NaN.
+  Tensor minimum(double s) const;
+  /// U8 mask of this == s (half types compare their f32 values).
+  Tensor eq(double s) const;
+  /// U8 mask of this != s.
+  Tensor ne(double s) const;
+  /// U8 mask of this < s.
+  Tensor lt(double s) const;
+  /// U8 mask of this <= s.
+  Tensor le(double s) const;
+  /// U8 mask of this > s.
+  Tensor gt(double s) const;
+  /// U8 mask of this >= s.
+  Tensor ge(double s) const;
+  /// Where this (a U8 mask) is nonzero, `on_true`, else s (mask and values broadcast together).
+  /// Error when the mask is not U8 or the two are on different devices.
+  Tensor where_cond(const Tensor& on_true, double on_false) const;
+  /// Where this (a U8 mask) is nonzero, s, else `on_false`; as the overload above.
+  Tensor where_cond(double on_true, const Tensor& on_false) const;
   /// this * b + c (broadcast together; float dtypes), rounded once: a fused multiply-add in the
   /// compute type (f32 for bf16/f16), as Rust's f32::mul_add.
   Tensor mul_add(const Tensor& b, const Tensor& c) const;
@@ -333,7 +358,7 @@ Tensor operator+(const Tensor& a, double s);
 Tensor operator-(const Tensor& a, double s);
 /// a * s elementwise (affine(s, 0)).
 Tensor operator*(const Tensor& a, double s);
-/// a / s elementwise, a true division (not a * (1 / s)).
+/// a / s elementwise, a true division (not a * (1 / s)); s is an op attribute in a's dtype.
 Tensor operator/(const Tensor& a, double s);
 /// s + a elementwise (affine(1, s)).
 Tensor operator+(double s, const Tensor& a);
@@ -341,7 +366,7 @@ Tensor operator+(double s, const Tensor& a);
 Tensor operator-(double s, const Tensor& a);
 /// s * a elementwise (affine(s, 0)).
 Tensor operator*(double s, const Tensor& a);
-/// s / a elementwise.
+/// s / a elementwise; s is an op attribute in a's dtype.
 Tensor operator/(double s, const Tensor& a);
 
 /// Prints shape, dtype, device and a summarised view of the values ("..." past 6 items a dim

@@ -73,8 +73,6 @@ class Optimizer {
   /// Updates one parameter. `g` is the gradient (parameter dtype); `weight_decay` the group's.
   virtual void update(Var& p, State& s, const Tensor& g, double weight_decay) = 0;
   virtual std::vector<std::string> slot_names() const = 0;
-  /// The dtype the update computes in for `p`: f64 for f64, f32 otherwise.
-  static DType compute_dtype(const Var& p);
   /// The parameter's value in the compute dtype (the master copy for half parameters).
   static Tensor compute_value(const Var& p, State& s);
   /// Writes an updated compute-dtype value back (into the master, rounded once into `p`).
