@@ -6,7 +6,9 @@
 // Ordering: every launch and copy of a device goes to its one stream, so a block freed by a
 // tensor and handed to the next request by the cache is only reused by work queued after the
 // work that last used it (no sync needed). Copies to the host wait for the stream.
+#include <atomic>
 #include <cstdio>
+#include <memory>
 #include <mutex>
 #include <sstream>
 
@@ -62,6 +64,9 @@ struct Devices {
   int count = query_device_count();
   std::mutex mu;
   std::vector<KernelErrorRecord*> records = std::vector<KernelErrorRecord*>(static_cast<size_t>(count));
+  /// The records' device-side addresses, set once: every index op reads one, without the lock.
+  std::unique_ptr<std::atomic<KernelErrorRecord*>[]> device_records{
+      new std::atomic<KernelErrorRecord*>[static_cast<size_t>(count)]()};
   std::vector<cudaStream_t> streams = std::vector<cudaStream_t>(static_cast<size_t>(count));
   std::vector<cudaDeviceProp> props = read_props(count);
 };
@@ -104,6 +109,8 @@ const cudaDeviceProp& device_props(int ordinal) {
 KernelErrorRecord* kernel_error_record(int ordinal) {
   Devices& d = devices();
   check_ordinal(ordinal);
+  std::atomic<KernelErrorRecord*>& cached = d.device_records[static_cast<size_t>(ordinal)];
+  if (KernelErrorRecord* p = cached.load(std::memory_order_acquire)) return p;
   std::lock_guard<std::mutex> g(d.mu);
   KernelErrorRecord*& r = d.records[static_cast<size_t>(ordinal)];
   if (!r) {
@@ -114,6 +121,7 @@ KernelErrorRecord* kernel_error_record(int ordinal) {
   }
   KernelErrorRecord* dev = nullptr;
   TAPER_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dev), r, 0));
+  cached.store(dev, std::memory_order_release);
   return dev;
 }
 

@@ -135,6 +135,7 @@ void convert_view(const char* op, const std::vector<Tensor>& in, const Tensor& x
         tiles_c <= 0x7fffffff) {
       Strided<1> batch = s;  // the outer dims
       batch.rank = k - 2;
+      batch.set_divisors();
       const int64_t nb = static_cast<int64_t>(n) / (R * C);
       const dim3 grid(static_cast<unsigned>(tiles_c), static_cast<unsigned>(tiles_r),
                       static_cast<unsigned>(nb < 65535 ? nb : 65535));

@@ -87,15 +87,55 @@ unsigned grid_for(size_t n, int ordinal, int threads = kThreads);
 inline constexpr int kMaxDims = 12;
 
 /// Element offsets of N operands that share one shape: row-major index i -> each operand's
-/// offset (in elements) from its base pointer. Built on the host by make_strided (coalesced).
+/// offset (in elements) from its base pointer. Built on the host by make_strided (coalesced), or
+/// by hand followed by set_divisors().
+///
+/// When every index is below 2^31 (`narrow`), the per-dim division runs in 32 bits as a
+/// multiply-high and a shift (Granlund & Montgomery's division by invariant integers: for
+/// d <= 2^s, m = floor(2^32 (2^s - d) / d) + 1 gives q = (umulhi(n, m) + n) >> s exactly for
+/// n, d < 2^31). A 64-bit `/` is a long software routine on the GPU: a broadcast add of 10^8
+/// elements spent most of its time there (docs/cuda.md, run 8's profile).
 template <int N> struct Strided {
   int rank = 0;                      ///< coalesced dims, innermost last
+  bool narrow = false;               ///< every index < 2^31: the 32-bit division below
   int64_t dims[kMaxDims] = {};
+  uint32_t magic[kMaxDims] = {};
+  uint32_t shift[kMaxDims] = {};
   int64_t strides[N][kMaxDims] = {};
+
+  /// Computes narrow, magic and shift from rank and dims (host side).
+  void set_divisors() {
+    int64_t count = 1;
+    narrow = true;
+    for (int d = 0; d < rank; ++d) {
+      if (dims[d] <= 0 || dims[d] >= (int64_t{1} << 31) || count >= (int64_t{1} << 31) / dims[d]) {
+        narrow = false;
+        return;
+      }
+      count *= dims[d];
+      const uint64_t dv = static_cast<uint64_t>(dims[d]);
+      uint32_t sh = 0;
+      while ((uint64_t{1} << sh) < dv) ++sh;
+      shift[d] = sh;
+      magic[d] = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << sh) - dv)) / dv + 1);
+    }
+  }
+
   /// Offsets of row-major element i.
   __device__ __forceinline__ void offsets(int64_t i, int64_t (&off)[N]) const {
 #pragma unroll
     for (int k = 0; k < N; ++k) off[k] = 0;
+    if (narrow) {
+      uint32_t u = static_cast<uint32_t>(i);
+      for (int d = rank - 1; d >= 0; --d) {
+        const uint32_t q = (__umulhi(u, magic[d]) + u) >> shift[d];
+        const uint32_t r = u - q * static_cast<uint32_t>(dims[d]);
+        u = q;
+#pragma unroll
+        for (int k = 0; k < N; ++k) off[k] += static_cast<int64_t>(r) * strides[k][d];
+      }
+      return;
+    }
     for (int d = rank - 1; d >= 0; --d) {
       const int64_t q = i / dims[d];
       const int64_t r = i - q * dims[d];
@@ -136,6 +176,7 @@ Strided<N> make_strided(const Shape& shape, const std::array<const std::vector<i
     s.dims[d] = dims[d];
     for (int k = 0; k < N; ++k) s.strides[k][d] = cs[k][d];
   }
+  s.set_divisors();
   return s;
 }
 

@@ -193,6 +193,7 @@ void move(const char* name, const std::vector<Tensor>& in, const MoveSpec& m, De
       for (int q = 0; q < 3; ++q) outer.strides[q][k] = s.strides[q][k];
       align |= static_cast<uint64_t>(s.strides[0][k] * es) | static_cast<uint64_t>(s.strides[1][k] * es);
     }
+    outer.set_divisors();
     int64_t w = 16;
     while (w > 1 && (align & static_cast<uint64_t>(w - 1)) != 0) w >>= 1;
     const int64_t units = run_bytes / w;

@@ -495,6 +495,7 @@ Tensor permuted_copy(const char* name, const std::vector<Tensor>& in, const Tens
     inner = s.dims[s.rank - 1];
     stride = s.strides[0][s.rank - 1];
   }
+  outer.set_divisors();
   const int64_t rows = n / inner;
   int bx_log2 = 0;
   while (bx_log2 < 8 && (int64_t{1} << bx_log2) < inner) ++bx_log2;

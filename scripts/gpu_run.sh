@@ -12,6 +12,7 @@
 #   main       the whole main job on the GPU (seeds 1, 2) and a GPU -> CPU resume
 #   train      issue 17's table: taper's --bench-train / --bench-forward cells on the GPU, then
 #              PyTorch's (scripts/bench_train_torch.py, which does not import taper) beside them
+#              (TRAIN_TORCH=0: taper's cells only)
 # Usage: bash scripts/gpu_run.sh test sanitize bench
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -142,6 +143,7 @@ for step in "$@"; do
         $FT --device cuda --model-dir "$M" --bench-$kind --batch "$b" --seq-len "$t" --dtype "$dt" \
           2>&1 | tee -a "$OUT/train_taper.log" | grep -E "^bench"
       done
+      [ "${TRAIN_TORCH:-1}" = 1 ] || continue  # TRAIN_TORCH=0: taper's cells only
       log "PyTorch (scripts/bench_train_torch.py)"
       PYTHONUNBUFFERED=1 timeout "${TORCH_TRAIN_SECONDS:-300}" python3 scripts/bench_train_torch.py \
         --model-dir "$M" --json "$OUT/train_torch.json" --time-budget "${TORCH_TRAIN_BUDGET:-240}" \
