@@ -32,9 +32,9 @@
 #include <string>
 #include <vector>
 
-#include "cpu/cpu_common.h"
 #include "taper/composed.h"
 #include "taper/taper.h"
+#include "tests/cpu_hooks.h"  // taper::testing::parallel_for, on taper's thread pool
 
 namespace {
 
@@ -158,7 +158,7 @@ uint64_t cpu_kernel_calls() { return taper::kernel_calls(taper::DeviceKind::Cpu)
 void set_counters(benchmark::State& st, double bytes_per_iter, uint64_t calls) {
   const double iters = static_cast<double>(st.iterations());
   st.SetBytesProcessed(static_cast<int64_t>(bytes_per_iter * iters));
-  st.counters["threads"] = static_cast<double>(taper::cpu::num_threads());
+  st.counters["threads"] = static_cast<double>(taper::num_threads());
   st.counters["kernel_calls"] = iters > 0 ? static_cast<double>(calls) / iters : 0.0;
 }
 
@@ -211,9 +211,9 @@ void run_stream_copy(benchmark::State& st, size_t bytes) {
   char* dst = static_cast<char*>(std::aligned_alloc(64, bytes));
   std::memset(src, 1, bytes);
   std::memset(dst, 2, bytes);
-  const size_t nt = taper::cpu::num_threads();
+  const size_t nt = taper::num_threads();
   for (auto _ : st) {
-    taper::cpu::parallel_for(nt, 1, [&](size_t lo, size_t hi) {
+    taper::testing::parallel_for(nt, 1, [&](size_t lo, size_t hi) {
       for (size_t t = lo; t < hi; ++t) {
         const size_t a = bytes / nt * t, e = t + 1 == nt ? bytes : bytes / nt * (t + 1);
         std::memcpy(dst + a, src + a, e - a);
@@ -280,11 +280,11 @@ void register_all() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  (void)taper::cpu::num_threads();  // start the pool (and set BLAS's threads) before timing
+  (void)taper::num_threads();  // start the pool (and set BLAS's threads) before timing
   register_all();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::AddCustomContext("taper_threads", std::to_string(taper::cpu::num_threads()));
+  benchmark::AddCustomContext("taper_threads", std::to_string(taper::num_threads()));
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

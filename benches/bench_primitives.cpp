@@ -20,8 +20,8 @@
 #include <memory>
 #include <string>
 
-#include "cpu/cpu_common.h"
 #include "taper/taper.h"
+#include "tests/cpu_hooks.h"  // taper::testing::parallel_for, on taper's thread pool
 
 namespace {
 
@@ -30,6 +30,8 @@ using taper::Shape;
 using taper::Tensor;
 
 constexpr size_t kElems = size_t{1} << 24;
+// The elementwise kernels' grain (cpu::kElemGrain): the plain add splits as taper's add does.
+constexpr size_t kElemGrain = size_t{1} << 15;
 
 // A 64-byte aligned, page-touched host buffer for the plain-C++ baselines.
 struct AlignedBuf {
@@ -45,7 +47,7 @@ struct AlignedBuf {
 };
 
 void common_counters(benchmark::State& st) {
-  st.counters["threads"] = static_cast<double>(taper::cpu::num_threads());
+  st.counters["threads"] = static_cast<double>(taper::num_threads());
 }
 
 // ---- elementwise add: as a training step calls it (a fresh output per call, which the caching
@@ -68,9 +70,9 @@ void BM_memcpy(benchmark::State& st) {
   const size_t n = static_cast<size_t>(st.range(0));
   const size_t bytes = 4 * n;
   AlignedBuf src(bytes), dst(bytes);
-  const size_t nt = taper::cpu::num_threads();
+  const size_t nt = taper::num_threads();
   for (auto _ : st) {
-    taper::cpu::parallel_for(nt, 1, [&](size_t b, size_t e) {
+    taper::testing::parallel_for(nt, 1, [&](size_t b, size_t e) {
       for (size_t t = b; t < e; ++t) {
         const size_t lo = bytes * t / nt / 64 * 64, hi = t + 1 == nt ? bytes : bytes * (t + 1) / nt / 64 * 64;
         std::memcpy(dst.p + lo, src.p + lo, hi - lo);
@@ -92,7 +94,7 @@ void BM_stream_add_f32(benchmark::State& st) {
   const float* b = reinterpret_cast<const float*>(bb.p);
   float* c = reinterpret_cast<float*>(cb.p);
   for (auto _ : st) {
-    taper::cpu::parallel_for(n, taper::cpu::kElemGrain, [&](size_t lo, size_t hi) {
+    taper::testing::parallel_for(n, kElemGrain, [&](size_t lo, size_t hi) {
       for (size_t i = lo; i < hi; ++i) c[i] = a[i] + b[i];
     });
     benchmark::DoNotOptimize(c);
@@ -242,10 +244,10 @@ BENCHMARK(BM_op_overhead_add_1elem_grad)->UseRealTime()->Unit(benchmark::kNanose
 int main(int argc, char** argv) {
   // Start taper's pool first: it also sets OpenBLAS's thread count, which the direct cblas
   // baseline must share.
-  (void)taper::cpu::num_threads();
+  (void)taper::num_threads();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::AddCustomContext("taper_threads", std::to_string(taper::cpu::num_threads()));
+  benchmark::AddCustomContext("taper_threads", std::to_string(taper::num_threads()));
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

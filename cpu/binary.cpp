@@ -15,7 +15,7 @@
 // same runs (integer add/sub/mul wrap; x / 0 == 0; INT64_MIN / -1 == INT64_MIN).
 // maximum/minimum propagate NaN (x86 max/min would return the second operand).
 // What it is not: broadcasting or dtype checks (core's front-end), backward rules (core), the
-// reference (elementwise_ref.h).
+// reference (tests/ref/elementwise_ref.h).
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/binary.cpp"

@@ -5,7 +5,7 @@
 // contiguous runs, scalar conversions elsewhere (integers, strided runs), memcpy for contiguous
 // copies; everything threaded over element ranges of the row-major output.
 // What it is not: the front-end (core/src/tensor.cpp validates and builds attrs) or autograd.
-// The scalar references and the exact to_dtype contract are in cpu/copy_cast_ref.h.
+// The scalar references and the exact to_dtype contract are in tests/ref/copy_cast_ref.h.
 //
 // Precision: every conversion rounds once, to nearest-even, from the exact source value
 // (f64 -> bf16/f16 via f32 rounded to odd; i64 -> bf16/f16 via f64 rounded to odd); float ->
@@ -25,7 +25,6 @@
 #include <type_traits>
 #include <vector>
 
-#include "cpu/copy_cast_ref.h"
 #include "cpu/cpu_common.h"
 #include "taper/dtype.h"
 #include "taper/op.h"
@@ -89,7 +88,7 @@ HWY_EXPORT(CurrentTarget);
 namespace {
 
 // Scalar conversions are taper::cast_value (taper/portable.h), the same code the CUDA kernels
-// run; copy_cast_ref.h holds the independent reference.
+// run; tests/ref/copy_cast_ref.h holds the independent reference.
 template <class D, class S> D cast_one(S x) { return cast_value<D>(x); }
 
 // ---- view iteration --------------------------------------------------------------------------
@@ -294,7 +293,7 @@ struct Registrar {
 
 }  // namespace
 
-// ---- test hooks --------------------------------------------------------------------------
+// ---- test hooks (declared in tests/cpu_hooks.h, the tests' only view of them) -------------
 
 std::vector<int64_t> simd_targets_for_test() { return hwy::SupportedAndGeneratedTargets(); }
 

@@ -13,7 +13,7 @@
 //   dx = u * w - d * k - c (rounded once), dw = sum over rows of u * d, db = sum over rows of dy,
 // the same formulas as the composed forms (metal_fallback/composed.cpp), which are its reference.
 // What it is not: autograd (the bwd hooks in core/ call the *_bwd ops), or the composed forms.
-// The scalar reference is cpu/fused_ref.h.
+// The scalar reference is tests/ref/fused_ref.h.
 //
 // Shapes: rms/layer: x, y, dy, dx (R, D), w, b, dw, db (D) or empty, mean/rstd (R). group: x, y,
 // dy, dx (N, C, S), w, b, dw, db (C) or empty, mean/rstd (N, G).

@@ -5,7 +5,7 @@
 // over rows, and inside rows when there are fewer rows than threads (a row is cut into chunks,
 // each chunk's statistics are combined, then the chunks are written in parallel).
 // What it is not: autograd (core/ holds the bwd hooks that call the *_bwd ops) or the composed
-// forms (metal_fallback/composed.cpp). The scalar reference is cpu/fused_ref.h.
+// forms (metal_fallback/composed.cpp). The scalar reference is tests/ref/fused_ref.h.
 //
 // Shapes: x, y, dy, dx: (R, D), R rows of D elements; stats: (R, 2), the saved row statistics
 // (m, l) = (max, log sum exp(x - max)) in the compute type (f32 for bf16/f16/f32, f64 for f64);
@@ -529,6 +529,7 @@ HWY_EXPORT(SoftmaxFwd);
 HWY_EXPORT(SoftmaxBwd);
 HWY_EXPORT(ExpForTest);
 
+// Test hook, declared in tests/cpu_hooks.h.
 int64_t softmax_exp_for_test(const void* t, void* y, DType dt, size_t n) {
   TAPER_ASSERT(dt == DType::F32 || dt == DType::F64);
   return HWY_DYNAMIC_DISPATCH(ExpForTest)(t, y, dt == DType::F64, n);

@@ -9,7 +9,7 @@
 // other run is gathered into a small stack buffer first, so every layout gets the same SIMD
 // arithmetic and bit-identical results.
 // Also gelu_erf_bwd, (x, g) -> g gelu_erf'(x), gelu_erf's backward in one pass (f64 lanes).
-// What it is not: the backward rules (core) or the reference (elementwise_ref.h).
+// What it is not: the backward rules (core) or the reference (tests/ref/elementwise_ref.h).
 //
 // Precision notes (bounds are checked by tests/test_elementwise.cpp):
 // - exp log tanh sin cos come from hwy/contrib/math (1.0.3), which has f32 and f64 versions

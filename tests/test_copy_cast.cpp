@@ -1,7 +1,7 @@
-// test_copy_cast.cpp: the copy_cast kernels through the public API: to_dtype for every pair of
-// the 7 dtypes on contiguous, transposed, narrowed and broadcast inputs (bit-exact against
-// cpu/copy_cast_ref.h), copy of strided views, fill, arange, and rand/randn (Philox known-answer
-// vectors, independence from the thread count, seeds, range, moments).
+// test_copy_cast.cpp: the copy_cast kernels through the public API: to_dtype for every pair of the
+// 7 dtypes on contiguous, transposed, narrowed and broadcast inputs (bit-exact against
+// tests/ref/copy_cast_ref.h), copy of strided views, fill, arange, and rand/randn (Philox
+// known-answer vectors, independence from the thread count, seeds, range, moments).
 //
 // What it is not: the SIMD conversions on each Highway target one by one (test_half.cpp).
 
@@ -17,8 +17,7 @@
 #include <tuple>
 #include <vector>
 
-#include "cpu/copy_cast_ref.h"
-#include "cpu/cpu_common.h"
+#include "tests/ref/copy_cast_ref.h"
 #include "tests/test_util.h"
 
 TAPER_COVERS(Forward, taper::OpId::copy, taper::OpId::to_dtype, taper::OpId::fill,
@@ -333,7 +332,7 @@ TEST(Rand, SameValuesWhateverTheThreadsAndMatchesReference) {
         for (bool normal : {false, true}) {
           SCOPED_TRACE(normal ? "randn" : "rand");
           auto make = [&](size_t threads, uint64_t seed) {
-            cpu::set_num_threads(threads);
+            set_num_threads(threads);
             return normal ? Tensor::randn({n}, dt, Device::cpu(), seed, 0.5, 2.0)
                           : Tensor::rand({n}, dt, Device::cpu(), seed, -1.0, 3.0);
           };

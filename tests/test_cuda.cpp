@@ -77,8 +77,8 @@
 #include <tuple>
 #include <vector>
 
-#include "cpu/copy_cast_ref.h"
-#include "cpu/fused_ref.h"
+#include "tests/ref/copy_cast_ref.h"
+#include "tests/ref/fused_ref.h"
 #include "tests/test_util.h"
 
 namespace taper::testing {

@@ -1,5 +1,5 @@
 // test_elementwise.cpp: the CPU unary and binary elementwise families (cpu/unary.cpp,
-// cpu/binary.cpp) against the scalar references of cpu/elementwise_ref.h, through the public
+// cpu/binary.cpp) against the scalar references of tests/ref/elementwise_ref.h, through the public
 // Tensor methods and operators.
 //
 // Parameterised over op x dtype x layout (testing::kAllLayouts) x size {1, 7, 33, 1000, 4099,
@@ -29,9 +29,7 @@
 #include <tuple>
 #include <vector>
 
-#include "cpu/copy_cast_ref.h"  // the SIMD-target test hooks
-#include "cpu/cpu_common.h"
-#include "cpu/elementwise_ref.h"
+#include "tests/ref/elementwise_ref.h"
 #include "tests/test_util.h"
 
 namespace taper::testing {
@@ -271,7 +269,7 @@ TEST(ElementwiseUnary, LayoutsAndThreadCountsGiveIdenticalBits) {
       std::vector<double> one;
       {
         ThreadsGuard guard;
-        cpu::set_num_threads(1);
+        set_num_threads(1);
         one = values(apply_unary(s.op, base, s.f0, s.f1));
       }
       ASSERT_TRUE(check_elements({}, one, ref, std::vector<double>(ref.size(), 0.0)))

@@ -1,6 +1,6 @@
-// test_fused.cpp: forward precision tests of the fused ops (softmax_last_dim,
-// log_softmax_last_dim, rms_norm, layer_norm, group_norm) and the dedicated softmax backward
-// kernels, against the scalar f64 references of cpu/fused_ref.h and against the composed forms.
+// test_fused.cpp: forward precision tests of the fused ops (softmax_last_dim, log_softmax_last_dim,
+// rms_norm, layer_norm, group_norm) and the dedicated softmax backward kernels, against the scalar
+// f64 references of tests/ref/fused_ref.h and against the composed forms.
 //
 // What it is: kernel vs reference (every op x bf16/f16/f32/f64 x rows of length 1, 7, 33, 1000,
 // 4099 and few/many rows x contiguous/transposed inputs), fused vs composed, special values, the
@@ -28,10 +28,9 @@
 #include <tuple>
 #include <vector>
 
-#include "cpu/copy_cast_ref.h"  // the SIMD-target test hooks
-#include "cpu/cpu_common.h"
-#include "cpu/fused_ref.h"
 #include "taper/composed.h"
+#include "tests/cpu_hooks.h"
+#include "tests/ref/fused_ref.h"
 #include "tests/test_util.h"
 
 namespace taper {
@@ -335,7 +334,7 @@ class FusedLongRows : public ::testing::TestWithParam<DType> {};
 /// A shape whose output just passes cpu::kStreamStoreBytes, so the kernels write it with
 /// streaming stores; rows (groups) of odd length, so most rows start off the vector alignment.
 Shape streamed_shape(FOp op, DType dt) {
-  const size_t need = cpu::kStreamStoreBytes / dtype_size(dt) + 1;  // elements
+  const size_t need = cpu::stream_store_bytes_for_test() / dtype_size(dt) + 1;  // elements
   if (op == FOp::GroupNorm) return Shape({2, 6, (need / 12 + 1) | 1});  // rows of 6 x odd S
   return Shape({need / 1001 + 1, 1001});
 }
@@ -344,7 +343,7 @@ TEST_P(FusedLongRows, AnyThreadCount) {
   const DType dt = GetParam();
   ThreadsGuard guard;
   for (size_t threads : {size_t{1}, size_t{4}}) {
-    cpu::set_num_threads(threads);
+    set_num_threads(threads);
     for (FOp op : {FOp::Softmax, FOp::LogSoftmax, FOp::RmsNorm, FOp::LayerNorm, FOp::GroupNorm}) {
       // One row of 262147 (split inside the row), 2 rows of 100003, 9 rows of 40000 (whole rows
       // longer than the softmax scratch, statistics over several chunks).
@@ -419,7 +418,7 @@ TEST_P(FusedStats, SoftmaxLse) {
   const DType want = dt == DType::F64 ? DType::F64 : DType::F32;
   ThreadsGuard guard;
   for (size_t threads : {size_t{1}, size_t{4}}) {
-    cpu::set_num_threads(threads);
+    set_num_threads(threads);
     for (const Shape& s : {Shape({2, 3, 50}), Shape({7}), Shape({3, 4099}), Shape({2, 100003})}) {
       for (FOp op : {FOp::Softmax, FOp::LogSoftmax}) {
         SCOPED_TRACE(std::string(fop_name(op)) + " " + s.to_string() + " threads " +
@@ -449,7 +448,7 @@ TEST_P(FusedStats, SoftmaxLse) {
       }
     }
   }
-  cpu::set_num_threads(guard.saved);
+  set_num_threads(guard.saved);
   for (FOp op : {FOp::Softmax, FOp::LogSoftmax}) {  // rows of nothing: m = -inf, l = 0
     Problem p;
     p.op = op;
@@ -598,7 +597,7 @@ TEST_P(SoftmaxBwdKernel, MatchesReference) {
   ThreadsGuard guard;
   uint64_t seed = 500;
   for (size_t threads : {size_t{1}, size_t{4}}) {
-    cpu::set_num_threads(threads);
+    set_num_threads(threads);
     std::vector<Shape> shapes;
     for (size_t D : {1, 7, 33, 1000, 4099})
       for (size_t R : {1, 3, 67}) shapes.push_back(Shape({R, D}));
@@ -666,7 +665,7 @@ TEST_P(SoftmaxBwdKernel, NaNRowsWhereTheForwardIsNaN) {
   const auto [log, dt] = GetParam();
   const double inf = std::numeric_limits<double>::infinity();
   ThreadsGuard guard;
-  cpu::set_num_threads(4);
+  set_num_threads(4);
   for (size_t D : {size_t{9}, size_t{40000}}) {
     SCOPED_TRACE("D = " + std::to_string(D));
     std::vector<double> x = values(Tensor::randn(Shape({5, D}), DType::F64, Device::cpu(), 8));

@@ -1,9 +1,9 @@
-// test_half.cpp: the bf16/f16 conversions, scalar (taper/dtype.h, cpu/simd_half-inl.h's scalar
-// part) and SIMD (simd_half-inl.h's LoadAs/StoreFrom through copy_cast's test hooks) on every
-// compiled Highway target this CPU runs.
+// test_half.cpp: the bf16/f16 conversions, scalar (taper/portable.h, through taper/dtype.h) and
+// SIMD (cpu/simd_half-inl.h's LoadAs/StoreFrom, run by copy_cast's test hooks of
+// tests/cpu_hooks.h) on every compiled Highway target this CPU runs.
 //
 // What it checks: known bit patterns of edge values; the scalar conversions against the
-// independent long-double reference of cpu/copy_cast_ref.h (round_to_format); the SIMD
+// independent long-double reference of tests/ref/copy_cast_ref.h (round_to_format); the SIMD
 // conversions bit-exact against the scalar ones, tails included, never writing past n; and the
 // round trip of all 65536 bf16 and f16 patterns. What it is not: the to_dtype kernel over
 // tensors (test_copy_cast.cpp).
@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "cpu/copy_cast_ref.h"
-#include "cpu/simd_half-inl.h"
 #include "taper/dtype.h"
+#include "tests/cpu_hooks.h"
+#include "tests/ref/copy_cast_ref.h"
 #include "tests/test_util.h"
 
 namespace taper {

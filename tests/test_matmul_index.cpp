@@ -1,7 +1,7 @@
 // test_matmul_index.cpp: the CPU matmul (OpenBLAS) and index family (index_select, gather,
-// scatter_add, cat, narrow_bwd) against the f64 references of cpu/reduce_ref.h: every float dtype
-// for matmul (transposed views, broadcast batches, four layouts), every dtype for the index ops,
-// and out-of-range indices, which throw taper::Error naming the op before anything is written.
+// scatter_add, cat, narrow_bwd) against the f64 references of tests/ref/reduce_ref.h: every float
+// dtype for matmul (transposed views, broadcast batches, four layouts), every dtype for the index
+// ops, and out-of-range indices, which throw taper::Error naming the op before anything is written.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -10,8 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/cpu_common.h"
-#include "cpu/reduce_ref.h"
+#include "tests/ref/reduce_ref.h"
 #include "tests/test_util.h"
 
 namespace taper::testing {
@@ -137,7 +136,7 @@ TEST(Matmul, VectorProductsDoNotDependOnThreadCount) {
   const Tensor u = random_tensor(Shape({517, 1}), DType::F32, 902);
   std::vector<std::vector<double>> got;
   for (size_t threads : {1, 2, 3, 8}) {
-    cpu::set_num_threads(threads);
+    set_num_threads(threads);
     const std::vector<double> col = values(a.matmul(u));     // rows dotted with u
     const std::vector<double> row = values(v.t().matmul(a));  // stored rows scaled and summed
     const std::vector<double> tcol = values(a.t().matmul(v));  // the same through a transpose
@@ -165,7 +164,7 @@ TEST(Matmul, ProductsDoNotDependOnThreadCount) {
       const Tensor bt = random_tensor(Shape({n, k}), dt, 913).t();
       std::vector<std::vector<double>> got;
       for (size_t threads = 1; threads <= 8; ++threads) {
-        cpu::set_num_threads(threads);
+        set_num_threads(threads);
         std::vector<double> all = values(a.matmul(b));
         for (const std::vector<double>& v : {values(at.matmul(b)), values(a.matmul(bt))})
           all.insert(all.end(), v.begin(), v.end());

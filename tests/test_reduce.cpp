@@ -1,7 +1,7 @@
-// test_reduce.cpp: the CPU reduce family (sum, max, min, argmax, argmin) against the f64
-// references of cpu/reduce_ref.h: every dim subset of rank-3 tensors, keepdim both ways, every
-// float dtype plus i64/u32, sizes 1, 7, 33 and >= 1000, four layouts; the accuracy of a 10^7
-// element f32 sum; ties, NaN and -inf rows; independence from the thread count.
+// test_reduce.cpp: the CPU reduce family (sum, max, min, argmax, argmin) against the f64 references
+// of tests/ref/reduce_ref.h: every dim subset of rank-3 tensors, keepdim both ways, every float
+// dtype plus i64/u32, sizes 1, 7, 33 and >= 1000, four layouts; the accuracy of a 10^7 element f32
+// sum; ties, NaN and -inf rows; independence from the thread count.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,8 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/cpu_common.h"
-#include "cpu/reduce_ref.h"
+#include "tests/ref/reduce_ref.h"
 #include "tests/test_util.h"
 
 namespace taper::testing {
@@ -206,10 +205,10 @@ TEST(ReduceAccuracy, HalfSumsAccumulateInF32) {
 TEST(ReduceAccuracy, ResultDoesNotDependOnThreadCount) {
   const Tensor x = Tensor::randn(Shape({2, 300'000}), DType::F32, Device::cpu(), 11);
   ThreadsGuard guard;
-  cpu::set_num_threads(1);
+  set_num_threads(1);
   const std::vector<double> one = values(x.sum({1}));
   const std::vector<double> one_max = values(x.argmax(1));
-  cpu::set_num_threads(4);
+  set_num_threads(4);
   const std::vector<double> four = values(x.sum({1}));
   const std::vector<double> four_max = values(x.argmax(1));
   EXPECT_EQ(one, four);

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "cpu/copy_cast_ref.h"  // the SIMD-target test hooks
 #include "taper/taper.h"
+#include "tests/cpu_hooks.h"  // the SIMD-target test hooks
 
 namespace taper::testing {
 

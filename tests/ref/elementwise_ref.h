@@ -1,5 +1,5 @@
 // elementwise_ref.h: scalar references for the unary and binary elementwise op families, the
-// yardstick the SIMD kernels of unary.cpp and binary.cpp are tested against.
+// yardstick the SIMD kernels of cpu/unary.cpp and cpu/binary.cpp are tested against.
 //
 // What it is: header-only, one function per family, plain scalar code. Float ops are computed in
 // double where double is exact or correctly rounded (+ - * / sqrt, comparisons), and in long

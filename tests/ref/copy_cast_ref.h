@@ -1,12 +1,13 @@
-// copy_cast_ref.h: scalar references for the copy_cast family (to_dtype, arange, rand), and the
-// test hooks copy_cast.cpp exposes to run its SIMD conversions on a chosen Highway target.
+// copy_cast_ref.h: scalar references for the copy_cast family (to_dtype, arange, rand), the
+// yardstick of cpu/copy_cast.cpp and cuda/copy_cast.cu in the tests. (The hooks that run the CPU's
+// SIMD conversions on a chosen Highway target are declared in tests/cpu_hooks.h.)
 //
 // What it is: header-only, plain code written independently of dtype.h's bit tricks: a value is
 // widened exactly to long double (64-bit significand: every u8/u32/i64/bf16/f16/f32/f64 fits) and
 // rounded by `round_to_format`, a textbook round-to-nearest-even on (significand bits, exponent
 // range) using frexp/ldexp/nearbyint. The Philox4x32-10 generator that rand/randn use is here too
 // (pinned by the Random123 known-answer vectors in the tests).
-// What it is not: fast. Kernels live in copy_cast.cpp.
+// What it is not: fast, or a kernel. Kernels live in cpu/copy_cast.cpp and cuda/copy_cast.cu.
 //
 // The to_dtype contract (kernels and references agree bit for bit):
 // - float targets round to nearest-even once from the exact source value (f64 -> bf16 and
@@ -26,27 +27,10 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
-#include <vector>
 
 #include "taper/dtype.h"
 
-namespace taper::cpu {
-
-// ---- test hooks (defined in copy_cast.cpp) ------------------------------------------------
-
-/// The Highway targets copy_cast.cpp was compiled for that this CPU supports (best first).
-std::vector<int64_t> simd_targets_for_test();
-/// Restricts dynamic dispatch (of every Highway kernel) to `target`; 0 restores the default.
-void set_simd_target_for_test(int64_t target);
-/// Printable name of a target from simd_targets_for_test().
-const char* simd_target_name(int64_t target);
-/// Converts n contiguous elements between two float dtypes with the SIMD path of to_dtype on the
-/// current dispatch target (tails included); returns the target that ran.
-int64_t convert_contiguous_for_test(const void* src, DType from, void* dst, DType to, size_t n);
-/// convert_contiguous_for_test from f32 to bf16 or f16 (`to`), as raw bits.
-int64_t convert_f32_to_half_for_test(const float* src, uint16_t* dst, size_t n, DType to);
-
-namespace ref {
+namespace taper::cpu::ref {
 
 // ---- rounding, by value ------------------------------------------------------------------
 
@@ -201,5 +185,4 @@ template <class T> inline T normal_value(uint64_t seed, double mean, double std,
   return convert<T>(normal_f64(philox_block(seed, i >> 1), i & 1, mean, std));
 }
 
-}  // namespace ref
-}  // namespace taper::cpu
+}  // namespace taper::cpu::ref

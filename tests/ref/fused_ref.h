@@ -1,9 +1,10 @@
 // fused_ref.h: scalar f64 references of the fused ops (softmax, log-softmax, rms_norm, layer_norm,
 // group_norm), forward and backward, on std::vector<double>.
 //
-// What it is: the plain maths the Highway kernels (cpu/softmax.cpp, cpu/norm.cpp) and the composed
-// forms (metal_fallback/composed.cpp) are checked against; header-only, one straightforward loop
-// per formula, accumulating in double (two-pass variance, never E[x^2] - E[x]^2).
+// What it is: the plain maths the tests check the Highway kernels (cpu/softmax.cpp, cpu/norm.cpp),
+// the CUDA kernels (cuda/softmax.cu, cuda/norm.cu) and the composed forms
+// (metal_fallback/composed.cpp) against; header-only, one straightforward loop per formula,
+// accumulating in double (two-pass variance, never E[x^2] - E[x]^2).
 // What it is not: fast, or a kernel: nothing here is registered or dispatched.
 //
 // Shape letters: R rows of D elements (softmax, rms_norm, layer_norm: x is (R, D) row-major);
@@ -19,12 +20,6 @@
 #include <vector>
 
 #include "taper/dtype.h"
-
-namespace taper::cpu {
-/// Test hook (defined in softmax.cpp): y[0, n) = the softmax kernels' exp (ExpNoSubnormal of
-/// simd_exp-inl.h) of t[0, n), f32 or f64 (`dt`), on the current dispatch target; returns it.
-int64_t softmax_exp_for_test(const void* t, void* y, DType dt, size_t n);
-}  // namespace taper::cpu
 
 namespace taper::ref {
 
