@@ -13,7 +13,7 @@
 // family rather than 42). Floats compute in compute_t<T> and round once at the store; integer
 // add/sub/mul wrap, x / 0 == 0, INT64_MIN / -1 == INT64_MIN. where_cond moves bits (4 widths).
 // What it is not: broadcasting or dtype checks (core's front-end), backward rules (core), the
-// reference (cpu/elementwise_ref.h).
+// reference (tests/ref/elementwise_ref.h).
 //
 // Semantics that follow the CPU bit for bit: maximum/minimum return a + b when either operand is
 // NaN, else x86's maxps/minps rule (a > b ? a : b, a < b ? a : b; so max(-0, +0) == +0 and

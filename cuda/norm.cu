@@ -17,7 +17,8 @@
 //   16-byte vector loads and stores wherever the pointers are 16-byte aligned and the row (or
 //   channel run) length is a multiple of 16 / sizeof(T), checked at run time; scalar otherwise.
 // What it is not: the composed forms (metal_fallback/composed.cpp), the rules that call the _bwd
-// ops (core/src/backward.cpp), the front-end's argument checks, the reference (cpu/fused_ref.h).
+// ops (core/src/backward.cpp), the front-end's argument checks, the reference
+// (tests/ref/fused_ref.h).
 //
 // Shapes: rms/layer: x, y, dy, dx (R, D), w, b, dw, db (D) or empty, mean/rstd (R) (x's shape
 // minus its last dim). group: x, y, dy, dx (N, C, S), w, b, dw, db (C) or empty, mean/rstd

@@ -4,7 +4,7 @@
 //
 // What it is: per-row kernels over contiguous (R, D) data (registered needs_contiguous).
 // What it is not: autograd (core/ holds the bwd hooks that call the *_bwd ops), the composed
-// forms (metal_fallback/composed.cpp) or the reference (cpu/fused_ref.h).
+// forms (metal_fallback/composed.cpp) or the reference (tests/ref/fused_ref.h).
 //
 // Shapes: x, y, dy, dx: (R, D), R rows of D elements; stats: (R, 2), per row (m, l) = (max,
 // log sum exp(x - m)) in the compute type C = compute_t<T> (f32 for bf16/f16/f32, f64 for f64).

@@ -8,7 +8,7 @@
 // float dtypes compute in compute_t<T> (f32 for bf16/f16/f32, f64 for f64) and round once at the
 // store; the integer dtypes the CPU serves (neg: i64; abs relu sqr affine clamp: u8 u32 i64) use
 // the CPU's integer semantics (two's-complement wrap, saturation, ceil/floor clamp bounds).
-// What it is not: the backward rules (core) or the reference (cpu/elementwise_ref.h).
+// What it is not: the backward rules (core) or the reference (tests/ref/elementwise_ref.h).
 //
 // Precision (the same formulas as the CPU, CUDA's accurate libdevice math, never __fast):
 // - exact, bit-identical to the CPU: neg abs (sign-bit operations: NaN payloads kept) sqrt

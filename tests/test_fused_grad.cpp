@@ -1,7 +1,9 @@
 // test_fused_grad.cpp: the backward side of the fused ops: fused against composed (f64 and f32),
 // half-type gradients at the rounding floor of the f64 reference, the f16 group norm that
 // overflows elsewhere, bf16 norms on offset inputs, non-contiguous inputs and upstream
-// gradients, and the composed fallback when a device has no kernel.
+// gradients, and the composed fallback when a device has no kernel. The autograd cases (fused
+// against composed, the half types' floors, the f16 group norm and bf16 offset seed cases) run on
+// every test device: the CPU, and each GPU present, against the same f64 CPU reference.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -64,15 +66,19 @@ struct Result {
   std::vector<double> y, dx, dw, db;
 };
 
-// Runs op forward, then backward with upstream `up` (same shape as y), collecting gradients.
-Result run(Op op, Inputs in, const Tensor& up, bool composed_path, bool transposed_x = false) {
-  Var x = Var::from_tensor(transposed_x ? with_layout(in.x, LayoutKind::Transposed) : in.x);
+// Runs op forward on `dev` (inputs and `up` copied there), then backward with upstream `up`
+// (same shape as y), collecting gradients.
+Result run(Op op, Inputs in, const Tensor& up, bool composed_path, bool transposed_x = false,
+           Device dev = Device::cpu()) {
+  const Tensor xd = in.x.to_device(dev);
+  Var x = Var::from_tensor(transposed_x ? with_layout(xd, LayoutKind::Transposed) : xd);
   Var w, b;
   Inputs vin{x, Tensor(), Tensor()};
-  if (in.w.defined()) vin.w = w = Var::from_tensor(in.w);
-  if (in.b.defined() && op != Op::Rms) vin.b = b = Var::from_tensor(in.b);
+  if (in.w.defined()) vin.w = w = Var::from_tensor(in.w.to_device(dev));
+  if (in.b.defined() && op != Op::Rms) vin.b = b = Var::from_tensor(in.b.to_device(dev));
   Tensor y = apply(op, vin, composed_path);
-  GradStore g = (y.to_dtype(DType::F64) * up.to_dtype(DType::F64)).sum_all().backward();
+  GradStore g =
+      (y.to_dtype(DType::F64) * up.to_device(dev).to_dtype(DType::F64)).sum_all().backward();
   // The loss above sends exactly `up` (as f64, then cast to y's dtype) into y.
   Result r;
   r.y = values(y);
@@ -98,20 +104,24 @@ Result run(Op op, Inputs in, const Tensor& up, bool composed_path, bool transpos
 
 class FusedVsComposed : public ::testing::TestWithParam<std::tuple<Op, DType>> {};
 
+// On every test device: the fused op's kernels against its composed form on that device.
 TEST_P(FusedVsComposed, ForwardAndEveryGradient) {
   const auto [op, dt] = GetParam();
   const Shape s = op == Op::Group ? Shape({3, 8, 5, 7}) : Shape({9, 37});
   Inputs in = make_inputs(op, s, dt, 11);
   const Tensor up = random_tensor(s, dt, 99);
-  Result f = run(op, in, up, false);
-  Result c = run(op, in, up, true);
-  const double tol = dt == DType::F64 ? 1e-10 : 1e-5;
-  EXPECT_TRUE(all_close(f.y, c.y, tol, tol * 1e-2)) << op_str(op) << " y";
-  EXPECT_TRUE(all_close(f.dx, c.dx, tol, tol * 1e-2)) << op_str(op) << " dx";
-  EXPECT_TRUE(all_close(f.dw, c.dw, tol, tol * 1e-2)) << op_str(op) << " dw";
-  EXPECT_TRUE(all_close(f.db, c.db, tol, tol * 1e-2)) << op_str(op) << " db";
-  if (has_affine(op)) {
-    EXPECT_FALSE(f.dw.empty());
+  for (Device dev : test_devices()) {
+    SCOPED_TRACE(dev.to_string());
+    Result f = run(op, in, up, false, false, dev);
+    Result c = run(op, in, up, true, false, dev);
+    const double tol = dt == DType::F64 ? 1e-10 : 1e-5;
+    EXPECT_TRUE(all_close(f.y, c.y, tol, tol * 1e-2)) << op_str(op) << " y";
+    EXPECT_TRUE(all_close(f.dx, c.dx, tol, tol * 1e-2)) << op_str(op) << " dx";
+    EXPECT_TRUE(all_close(f.dw, c.dw, tol, tol * 1e-2)) << op_str(op) << " dw";
+    EXPECT_TRUE(all_close(f.db, c.db, tol, tol * 1e-2)) << op_str(op) << " db";
+    if (has_affine(op)) {
+      EXPECT_FALSE(f.dw.empty());
+    }
   }
 }
 
@@ -136,13 +146,16 @@ TEST_P(HalfGrad, AtRoundingFloorOfF64Reference) {
   Inputs in64{in.x.to_dtype(DType::F64), in.w.defined() ? in.w.to_dtype(DType::F64) : Tensor(),
               in.b.defined() ? in.b.to_dtype(DType::F64) : Tensor()};
   Result ref = run(op, in64, up, false);
-  Result got = run(op, in, up, false, transposed);
-  EXPECT_TRUE(at_rounding_floor(got.y, ref.y, dt)) << "y";
-  // Softmax included: its backward recomputes y from x and the saved f32 lse, so the half-type
-  // rounding of the stored y never reaches dx.
-  EXPECT_TRUE(at_rounding_floor(got.dx, ref.dx, dt)) << "dx";
-  EXPECT_TRUE(at_rounding_floor(got.dw, ref.dw, dt)) << "dw";
-  EXPECT_TRUE(at_rounding_floor(got.db, ref.db, dt)) << "db";
+  for (Device dev : test_devices()) {  // the f64 reference on the CPU, the case on every device
+    SCOPED_TRACE(dev.to_string());
+    Result got = run(op, in, up, false, transposed, dev);
+    EXPECT_TRUE(at_rounding_floor(got.y, ref.y, dt)) << "y";
+    // Softmax included: its backward recomputes y from x and the saved f32 lse, so the
+    // half-type rounding of the stored y never reaches dx.
+    EXPECT_TRUE(at_rounding_floor(got.dx, ref.dx, dt)) << "dx";
+    EXPECT_TRUE(at_rounding_floor(got.dw, ref.dw, dt)) << "dw";
+    EXPECT_TRUE(at_rounding_floor(got.db, ref.db, dt)) << "db";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -164,18 +177,21 @@ TEST(FusedGrad, F16GroupNormLargeGroupsStaysFinite) {
   const Tensor up = Tensor::ones(s, DType::F16);
   Inputs in64{in.x.to_dtype(DType::F64), in.w.to_dtype(DType::F64), in.b.to_dtype(DType::F64)};
   Result ref = run(Op::Group, in64, up, false);
-  Result got = run(Op::Group, in, up, false);
-  for (double v : got.y) ASSERT_TRUE(std::isfinite(v));
-  for (double v : got.dx) ASSERT_TRUE(std::isfinite(v));
-  for (double v : got.dw) ASSERT_TRUE(std::isfinite(v));
-  EXPECT_TRUE(at_rounding_floor(got.y, ref.y, DType::F16)) << "y";
-  // dx cancels to ~0 for a ones upstream; its floor is set by the f32 terms it is made of.
-  EXPECT_TRUE(at_rounding_floor(got.dx, ref.dx, DType::F16)) << "dx";
-  EXPECT_TRUE(at_rounding_floor(got.dw, ref.dw, DType::F16)) << "dw";
-  // The bias gradient is 65 536 per channel, beyond the f16 maximum: inf, never NaN.
-  for (double v : got.db) {
-    EXPECT_FALSE(std::isnan(v));
-    EXPECT_TRUE(std::isinf(v) && v > 0);
+  for (Device dev : test_devices()) {
+    SCOPED_TRACE(dev.to_string());
+    Result got = run(Op::Group, in, up, false, false, dev);
+    for (double v : got.y) ASSERT_TRUE(std::isfinite(v));
+    for (double v : got.dx) ASSERT_TRUE(std::isfinite(v));
+    for (double v : got.dw) ASSERT_TRUE(std::isfinite(v));
+    EXPECT_TRUE(at_rounding_floor(got.y, ref.y, DType::F16)) << "y";
+    // dx cancels to ~0 for a ones upstream; its floor is set by the f32 terms it is made of.
+    EXPECT_TRUE(at_rounding_floor(got.dx, ref.dx, DType::F16)) << "dx";
+    EXPECT_TRUE(at_rounding_floor(got.dw, ref.dw, DType::F16)) << "dw";
+    // The bias gradient is 65 536 per channel, beyond the f16 maximum: inf, never NaN.
+    for (double v : got.db) {
+      EXPECT_FALSE(std::isnan(v));
+      EXPECT_TRUE(std::isinf(v) && v > 0);
+    }
   }
 }
 
@@ -189,11 +205,14 @@ TEST_P(Bf16Offset, GradientsAtRoundingFloor) {
   const Tensor up = random_tensor(s, DType::BF16, 43);
   Inputs in64{in.x.to_dtype(DType::F64), in.w.to_dtype(DType::F64), in.b.to_dtype(DType::F64)};
   Result ref = run(op, in64, up, false);
-  Result got = run(op, in, up, false);
-  EXPECT_TRUE(at_rounding_floor(got.y, ref.y, DType::BF16)) << "y";
-  EXPECT_TRUE(at_rounding_floor(got.dx, ref.dx, DType::BF16)) << "dx";
-  EXPECT_TRUE(at_rounding_floor(got.dw, ref.dw, DType::BF16)) << "dw";
-  EXPECT_TRUE(at_rounding_floor(got.db, ref.db, DType::BF16)) << "db";
+  for (Device dev : test_devices()) {
+    SCOPED_TRACE(dev.to_string());
+    Result got = run(op, in, up, false, false, dev);
+    EXPECT_TRUE(at_rounding_floor(got.y, ref.y, DType::BF16)) << "y";
+    EXPECT_TRUE(at_rounding_floor(got.dx, ref.dx, DType::BF16)) << "dx";
+    EXPECT_TRUE(at_rounding_floor(got.dw, ref.dw, DType::BF16)) << "dw";
+    EXPECT_TRUE(at_rounding_floor(got.db, ref.db, DType::BF16)) << "db";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(All, Bf16Offset,

@@ -3,8 +3,8 @@
 //
 // What it is: the f32 <-> bf16/f16 conversions with round-to-nearest-even, f64 -> f32 rounded to
 // odd (so f64 -> half rounds once), `round_to` / `widen` between storage and compute types,
-// `cast_value`, the to_dtype contract for one value (cpu/copy_cast_ref.h states it and holds an
-// independent reference), and the Philox4x32-10 generator behind rand/randn with the transforms
+// `cast_value`, the to_dtype contract for one value (tests/ref/copy_cast_ref.h states it and
+// holds an independent reference), and the Philox4x32-10 generator behind rand/randn with the transforms
 // that turn its words into uniform and normal values. What it is not: SIMD code (cpu/) or
 // kernels (cuda/); no allocation, no exceptions, nothing that needs the host.
 #pragma once
@@ -188,7 +188,7 @@ template <class T, class C> TAPER_HD T round_to(C v) {
   }
 }
 
-// ---- to_dtype of one value (the contract of cpu/copy_cast_ref.h) ------------------------------
+// ---- to_dtype of one value (the contract of tests/ref/copy_cast_ref.h) ------------------------
 
 namespace detail {
 
