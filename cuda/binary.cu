@@ -190,6 +190,58 @@ __global__ void __launch_bounds__(kThreads)
 
 bool aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
+/// y = op(a, b) when the innermost coalesced dim is a run in each operand, contiguous (stride 1)
+/// or one broadcast value (stride 0), of a length divisible by the vector width, every
+/// contiguous run starting 16-byte aligned: one Vec16 per thread and iteration, and one index
+/// division chain (s.offsets) per vector instead of per element. Bias adds ((rows, D) + (D)),
+/// the attention mask ((B, H, T, T) + (B, 1, 1, T)) and x + scalar take it.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    arith_runs(Strided<2> s, Src<T> a, Src<T> b, T* __restrict__ y, int64_t nv, OpId op) {
+  constexpr int kV = 16 / sizeof(T);
+  const int last = s.rank - 1;
+  const bool va = s.strides[0][last] == 1, vb = s.strides[1][last] == 1;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < nv;
+       v += step) {
+    int64_t off[2];
+    s.offsets(v * kV, off);
+    Vec16<T> x, z;
+    if (va) {
+      x = *reinterpret_cast<const Vec16<T>*>(a.p + off[0]);
+    } else {
+      const T c = a[off[0]];
+#pragma unroll
+      for (int k = 0; k < kV; ++k) x.v[k] = c;
+    }
+    if (vb) {
+      z = *reinterpret_cast<const Vec16<T>*>(b.p + off[1]);
+    } else {
+      const T c = b[off[1]];
+#pragma unroll
+      for (int k = 0; k < kV; ++k) z.v[k] = c;
+    }
+    Vec16<T> r;
+#pragma unroll
+    for (int k = 0; k < kV; ++k) r.v[k] = arith(op, x.v[k], z.v[k]);
+    reinterpret_cast<Vec16<T>*>(y)[v] = r;
+  }
+}
+
+/// Whether `s` (over the operands `t`, an undefined one the scalar) suits arith_runs for T.
+template <class T> bool runs_fit(const Strided<2>& s, const std::array<const Tensor*, 2>& t) {
+  constexpr int64_t kV = 16 / sizeof(T);
+  if (s.rank < 1 || s.dims[s.rank - 1] % kV != 0) return false;
+  for (int k = 0; k < 2; ++k) {
+    const int64_t inner = s.strides[k][s.rank - 1];
+    if (inner == 0) continue;
+    if (inner != 1 || !aligned16(*t[k])) return false;
+    for (int d = 0; d + 1 < s.rank; ++d)
+      if (s.strides[k][d] % kV != 0) return false;
+  }
+  return true;
+}
+
 constexpr bool is_compare(OpId op) {
   return op == OpId::eq || op == OpId::ne || op == OpId::lt || op == OpId::le || op == OpId::gt ||
          op == OpId::ge;
@@ -218,6 +270,13 @@ std::vector<Tensor> binary_kernel(const std::vector<Tensor>& in, const OpAttrs& 
       const size_t nv = static_cast<size_t>(n) / (16 / sizeof(T));
       arith_dense<T><<<grid_for(nv > 0 ? nv : 1, ord), kThreads, 0, stream(ord)>>>(
           ptr<T>(a), ptr<T>(b), ptr<T>(out), n, kOp);
+      TAPER_CUDA_CHECK_LAUNCH(op_name(kOp).data(), in);
+    } else if (const Strided<2> s = make_strided<2>(out.shape(), st);
+               out.elem_count() > 0 && runs_fit<T>(s, {&a, &b})) {
+      const int ord = out.device().ordinal();
+      const int64_t nv = static_cast<int64_t>(out.elem_count() / (16 / sizeof(T)));
+      arith_runs<T><<<grid_for(static_cast<size_t>(nv), ord), kThreads, 0, stream(ord)>>>(
+          s, sa, sb, ptr<T>(out), nv, kOp);
       TAPER_CUDA_CHECK_LAUNCH(op_name(kOp).data(), in);
     } else {
       launch<2>(kOp, in, out, st, ArithFn<T>{sa, sb, ptr<T>(out), kOp});

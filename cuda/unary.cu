@@ -18,9 +18,10 @@
 // - exp log tanh sin cos: CUDA's expf/logf/... (documented max error 1-2 ulp) instead of
 //   Highway's contrib math: within a few ulp of the CPU, not bit-identical. sigmoid, silu and
 //   gelu use the CPU's two-sided forms on top of exp.
-// - gelu_erf: every float dtype through the CPU's f64 algorithm (Chebyshev erfcx with the
-//   rounding of x/sqrt2 and of b^2 compensated; fma for the exact products), rounded once:
-//   f64 within a few ulp of the CPU; f32/bf16/f16 nearly correctly rounded (CPU f32: 1.5 ulp).
+// - gelu_erf: f32 and f64 through the CPU's f64 algorithm (Chebyshev erfcx with the rounding of
+//   x/sqrt2 and of b^2 compensated; fma for the exact products), rounded once: f64 within a few
+//   ulp of the CPU; f32 nearly correctly rounded (CPU f32: 1.5 ulp). bf16/f16 (forward and
+//   gelu_erf_bwd) compute in f32 with erfcf and round once: within one half-type ulp of the CPU.
 // - powf: f32/bf16/f16 in f64, rounded once: integer exponents |e| <= 16 by exact-or-nearly
 //   products, others CUDA's pow (the CPU: exp(e log|x|) in f64 lanes; the same C99 special
 //   cases); f64 is CUDA's pow (2 ulp documented) where the CPU has glibc's.
@@ -137,6 +138,14 @@ __device__ double gelu_erf_f64(double x) {
   return (0.5 * x) * erfc_v;
 }
 
+/// gelu_erf of bf16/f16 data, computed in f32 as the half types' rule says: 0.5 x erfc(-x/sqrt2)
+/// with CUDA's erfcf (a few f32 ulp, also in the tails, where the rounding of -x/sqrt2 adds at
+/// most 2 x^2 f32 ulp: below 2^-16 relative for |x| < 13), so at most one half-type ulp from the
+/// CPU's correctly rounded f64 path, at a fraction of f64's cost (run 11, docs/cuda.md).
+__device__ __forceinline__ float gelu_erf_f32(float x) {
+  return (0.5f * x) * erfcf(x * -0.70710678118654752f);
+}
+
 /// The float ops on a compute value x (C = f32 or f64). Returns C, or f64 where the op computes
 /// in f64 for f32 data (gelu_erf, powf); the caller rounds once to the storage type.
 template <OpId kOp, class C>
@@ -241,6 +250,8 @@ template <OpId kOp, class T> struct UnaryFn {
   UnaryParams p;
   __device__ __forceinline__ void operator()(int64_t i, int64_t off) const {
     if constexpr (std::is_integral_v<T>) y[i] = unary_int<kOp>(x[off], p);
+    else if constexpr (kOp == OpId::gelu_erf && is_half_v<T>)
+      y[i] = round_to<T>(gelu_erf_f32(widen(x[off])));
     else y[i] = round_to<T>(unary_float<kOp>(widen(x[off]), p));
   }
 };
@@ -296,7 +307,17 @@ std::vector<Tensor> unary_kernel(const std::vector<Tensor>& in, const OpAttrs& a
 
 // ---- gelu_erf_bwd ----------------------------------------------------------------------------
 
-/// dx = g (Phi(x) + x phi(x)) in f64 for every dtype, as cpu/unary.cpp's GeluErfBwdF64: Phi =
+/// dx = g (Phi(x) + x phi(x)) in f32 for the half types (as the forward): erfcf is within a few
+/// f32 ulp, far below a bf16/f16 rounding step, and f32 runs many times faster than f64 here.
+__device__ float gelu_erf_bwd_f32(float x, float g) {
+  const float ax = fabsf(x);
+  if (ax > 37.0f) return g * (x > 0.0f ? 1.0f : 0.0f);
+  const float cdf = 0.5f * erfcf(x * -0.70710678118654752f);
+  const float pdf = expf((x * x) * -0.5f) * 0.3989422804014327f;
+  return g * fmaf(x, pdf, cdf);
+}
+
+/// dx = g (Phi(x) + x phi(x)) in f64 for f32 and f64, as cpu/unary.cpp's GeluErfBwdF64: Phi =
 /// gelu_erf(x) / x (1/2 below |x| = 1e-20), phi = exp(-x^2/2) / sqrt(2 pi), and beyond |x| = 37
 /// the limits 1 (x > 0) and 0. NaN stays NaN.
 __device__ double gelu_erf_bwd_f64(double x, double g) {
@@ -313,8 +334,11 @@ __global__ void __launch_bounds__(kThreads)
                      int64_t n) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * kThreads)
-    dx[i] = round_to<T>(gelu_erf_bwd_f64(static_cast<double>(widen(x[i])),
-                                         static_cast<double>(widen(g[i]))));
+    if constexpr (is_half_v<T>)
+      dx[i] = round_to<T>(gelu_erf_bwd_f32(widen(x[i]), widen(g[i])));
+    else
+      dx[i] = round_to<T>(gelu_erf_bwd_f64(static_cast<double>(widen(x[i])),
+                                           static_cast<double>(widen(g[i]))));
 }
 
 /// (x, g) -> dx, both contiguous (registered needs_contiguous), x's shape.
