@@ -156,12 +156,6 @@ template <class T> struct CompareFn {
   }
 };
 
-/// 16 bytes of T: the dense arithmetic path moves one per operand per thread and iteration, four
-/// times the bytes in flight of one element (2^28 f32 add: 70% -> see docs/benchmarks-h200.md).
-template <class T> struct alignas(16) Vec16 {
-  T v[16 / sizeof(T)];
-};
-
 /// y = op(a, b) over n dense elements: 16-byte vectors, the n % (16 / sizeof(T)) tail by the
 /// first threads of block 0.
 template <class T>
@@ -228,20 +222,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-/// Whether `s` (over the operands `t`, an undefined one the scalar) suits arith_runs for T.
-template <class T> bool runs_fit(const Strided<2>& s, const std::array<const Tensor*, 2>& t) {
-  constexpr int64_t kV = 16 / sizeof(T);
-  if (s.rank < 1 || s.dims[s.rank - 1] % kV != 0) return false;
-  for (int k = 0; k < 2; ++k) {
-    const int64_t inner = s.strides[k][s.rank - 1];
-    if (inner == 0) continue;
-    if (inner != 1 || !aligned16(*t[k])) return false;
-    for (int d = 0; d + 1 < s.rank; ++d)
-      if (s.strides[k][d] % kV != 0) return false;
-  }
-  return true;
-}
-
 constexpr bool is_compare(OpId op) {
   return op == OpId::eq || op == OpId::ne || op == OpId::lt || op == OpId::le || op == OpId::gt ||
          op == OpId::ge;
@@ -272,7 +252,8 @@ std::vector<Tensor> binary_kernel(const std::vector<Tensor>& in, const OpAttrs& 
           ptr<T>(a), ptr<T>(b), ptr<T>(out), n, kOp);
       TAPER_CUDA_CHECK_LAUNCH(op_name(kOp).data(), in);
     } else if (const Strided<2> s = make_strided<2>(out.shape(), st);
-               out.elem_count() > 0 && runs_fit<T>(s, {&a, &b})) {
+               out.elem_count() > 0 &&
+               runs_in_vectors<2>(s, {sa.p, sb.p}, sizeof(T))) {
       const int ord = out.device().ordinal();
       const int64_t nv = static_cast<int64_t>(out.elem_count() / (16 / sizeof(T)));
       arith_runs<T><<<grid_for(static_cast<size_t>(nv), ord), kThreads, 0, stream(ord)>>>(

@@ -180,6 +180,31 @@ Strided<N> make_strided(const Shape& shape, const std::array<const std::vector<i
   return s;
 }
 
+/// 16 bytes of T, the unit the vectorised paths move per thread and iteration.
+template <class T> struct alignas(16) Vec16 {
+  T v[16 / sizeof(T)];
+};
+
+/// Whether the operands of `s` (base pointers `base`, elements of `elem_bytes`) can be read in
+/// Vec16s along the innermost coalesced dim: its length a whole number of vectors and, for each
+/// operand read with stride 1 there, a 16-byte aligned base and outer strides in whole vectors
+/// (an operand with stride 0 there is one value per run, or a scalar with base nullptr). Then
+/// row-major element v * kV starts a vector in every operand, and s.offsets runs once per vector.
+template <int N>
+bool runs_in_vectors(const Strided<N>& s, const std::array<const void*, N>& base,
+                     size_t elem_bytes) {
+  const int64_t kv = static_cast<int64_t>(16 / elem_bytes);
+  if (s.rank < 1 || s.dims[s.rank - 1] % kv != 0) return false;
+  for (int k = 0; k < N; ++k) {
+    const int64_t inner = s.strides[k][s.rank - 1];
+    if (inner == 0) continue;
+    if (inner != 1 || reinterpret_cast<uintptr_t>(base[k]) % 16 != 0) return false;
+    for (int d = 0; d + 1 < s.rank; ++d)
+      if (s.strides[k][d] % kv != 0) return false;
+  }
+  return true;
+}
+
 /// Whether every operand of `s` is dense row-major over the same elements (offset = index).
 template <int N> bool is_dense(const Strided<N>& s) {
   if (s.rank > 1) return false;

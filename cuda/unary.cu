@@ -248,13 +248,31 @@ template <OpId kOp, class T> struct UnaryFn {
   const T* x;
   T* y;
   UnaryParams p;
-  __device__ __forceinline__ void operator()(int64_t i, int64_t off) const {
-    if constexpr (std::is_integral_v<T>) y[i] = unary_int<kOp>(x[off], p);
-    else if constexpr (kOp == OpId::gelu_erf && is_half_v<T>)
-      y[i] = round_to<T>(gelu_erf_f32(widen(x[off])));
-    else y[i] = round_to<T>(unary_float<kOp>(widen(x[off]), p));
+  __device__ __forceinline__ T apply(T v) const {
+    if constexpr (std::is_integral_v<T>) return unary_int<kOp>(v, p);
+    else if constexpr (kOp == OpId::gelu_erf && is_half_v<T>) return round_to<T>(gelu_erf_f32(widen(v)));
+    else return round_to<T>(unary_float<kOp>(widen(v), p));
   }
+  __device__ __forceinline__ void operator()(int64_t i, int64_t off) const { y[i] = apply(x[off]); }
 };
+
+/// f over x's elements Vec16 by Vec16 when x's innermost coalesced dim is a run of whole vectors
+/// (runs_in_vectors): a dense x, or a head view such as q * scale on (B, H, T, d) of (B, T, H, d).
+template <OpId kOp, class T>
+__global__ void __launch_bounds__(kThreads) unary_runs(int64_t nv, Strided<1> s, UnaryFn<kOp, T> f) {
+  constexpr int kV = 16 / sizeof(T);
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < nv;
+       v += step) {
+    int64_t off[1];
+    s.offsets(v * kV, off);
+    const Vec16<T> in = *reinterpret_cast<const Vec16<T>*>(f.x + off[0]);
+    Vec16<T> out;
+#pragma unroll
+    for (int k = 0; k < kV; ++k) out.v[k] = f.apply(in.v[k]);
+    reinterpret_cast<Vec16<T>*>(f.y)[v] = out;
+  }
+}
 
 template <class T> UnaryParams params_for(OpId op, const OpAttrs& a) {
   UnaryParams p;
@@ -296,7 +314,12 @@ std::vector<Tensor> unary_kernel(const std::vector<Tensor>& in, const OpAttrs& a
       const cudaStream_t st = stream(ord);
       const Strided<1> s = make_strided<1>(x.shape(), {&x.strides()});
       const UnaryFn<kOp, T> f{ptr<T>(x), ptr<T>(y), params_for<T>(kOp, attrs)};
-      unary_map<<<grid_for(n, ord), kThreads, 0, st>>>(static_cast<int64_t>(n), s, f);
+      if (runs_in_vectors<1>(s, {ptr<T>(x)}, sizeof(T))) {
+        const int64_t nv = static_cast<int64_t>(n / (16 / sizeof(T)));
+        unary_runs<kOp, T><<<grid_for(static_cast<size_t>(nv), ord), kThreads, 0, st>>>(nv, s, f);
+      } else {
+        unary_map<<<grid_for(n, ord), kThreads, 0, st>>>(static_cast<int64_t>(n), s, f);
+      }
       TAPER_CUDA_CHECK_LAUNCH(op_name(kOp).data(), in);
     } else {
       TAPER_ASSERT(false && "cuda: unary op not registered for this dtype");

@@ -717,6 +717,33 @@ TEST_F(CudaElementwise, ScalarOperators) {
   }
 }
 
+// The 16-byte vector paths over runs (copy, unary, binary with a broadcast operand): attention
+// head views (B, T, H, d) -> (B, H, T, d) with d a whole number of vectors or not, rows plus a
+// broadcast bias, a scalar operand, and a view whose base is not 16-byte aligned: the CPU's bits.
+TEST_F(CudaElementwise, VectorRunsOfHeadViewsAndBroadcastRowsMatchCpu) {
+  for (DType dt : kAllTypes) {
+    for (size_t d : {32, 12, 7}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " d=" + std::to_string(d));
+      const Tensor x = random_any(Shape({3, 5, 4, d}), dt, 17, 0.5, 3.0);
+      const Tensor heads = x.permute({0, 2, 1, 3});  // (B, H, T, d), inner runs of d
+      const Tensor hg = to_gpu(x).permute({0, 2, 1, 3});
+      EXPECT_TRUE(same_bits(hg.contiguous(), heads.contiguous())) << "copy";
+      EXPECT_TRUE(same_bits(hg * 0.5, heads * 0.5)) << "affine";
+      if (is_float(dt)) EXPECT_TRUE(same_bits(hg.sqrt(), heads.sqrt())) << "sqrt";
+      const Tensor bias = random_any(Shape({d}), dt, 18, 0.5, 3.0);
+      EXPECT_TRUE(same_bits(hg + to_gpu(bias), heads + bias)) << "head view + bias";
+      const Tensor rows = random_any(Shape({60, d}), dt, 19, 0.5, 3.0);
+      EXPECT_TRUE(same_bits(to_gpu(rows) - to_gpu(bias), rows - bias)) << "rows - bias";
+      EXPECT_TRUE(same_bits(to_gpu(bias) / to_gpu(rows), bias / rows)) << "bias / rows";
+      EXPECT_TRUE(same_bits(to_gpu(rows).maximum(1.5), rows.maximum(1.5))) << "scalar";
+      const Tensor off = rows.flatten_all().narrow(0, 1, 59 * d).reshape(Shape({59, d}));
+      const Tensor offg = to_gpu(rows).flatten_all().narrow(0, 1, 59 * d).reshape(Shape({59, d}));
+      EXPECT_TRUE(same_bits(offg + to_gpu(bias), off + bias)) << "unaligned base";
+      EXPECT_TRUE(same_bits(offg * 2.0, off * 2.0)) << "unaligned unary";
+    }
+  }
+}
+
 TEST_F(CudaElementwise, WhereCondEveryDtypeLayoutAndBroadcast) {
   for (DType dt : kAllTypes) {
     ASSERT_TRUE(has_kernel(OpId::where_cond, kGpu, dt)) << dtype_name(dt);
