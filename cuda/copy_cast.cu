@@ -142,7 +142,9 @@ void convert_view(const char* op, const std::vector<Tensor>& in, const Tensor& x
     return;
   }
   if constexpr (std::is_same_v<S, D>) {
-    if (dense_memcpy && s.rank >= 2 && runs_in_vectors<1>(s, {px}, sizeof(S))) {
+    // Stride 1 inside the runs: a broadcast run (stride 0) is not a vector load.
+    if (dense_memcpy && s.rank >= 2 && s.strides[0][s.rank - 1] == 1 &&
+        runs_in_vectors<1>(s, {px}, sizeof(S))) {
       const int64_t nv = static_cast<int64_t>(n / (16 / sizeof(S)));
       copy_runs<S><<<grid_for(static_cast<size_t>(nv), ord), kThreads, 0, st>>>(nv, s, px, py);
       TAPER_CUDA_CHECK_LAUNCH(op, in);

@@ -188,8 +188,9 @@ template <class T> struct alignas(16) Vec16 {
 /// Whether the operands of `s` (base pointers `base`, elements of `elem_bytes`) can be read in
 /// Vec16s along the innermost coalesced dim: its length a whole number of vectors and, for each
 /// operand read with stride 1 there, a 16-byte aligned base and outer strides in whole vectors
-/// (an operand with stride 0 there is one value per run, or a scalar with base nullptr). Then
-/// row-major element v * kV starts a vector in every operand, and s.offsets runs once per vector.
+/// (an operand with stride 0 there is one value per run, or a scalar with base nullptr: a kernel
+/// that loads vectors from every operand must also require stride 1). Then row-major element
+/// v * kV starts a vector in every operand, and s.offsets runs once per vector.
 template <int N>
 bool runs_in_vectors(const Strided<N>& s, const std::array<const void*, N>& base,
                      size_t elem_bytes) {

@@ -719,7 +719,8 @@ TEST_F(CudaElementwise, ScalarOperators) {
 
 // The 16-byte vector paths over runs (copy, unary, binary with a broadcast operand): attention
 // head views (B, T, H, d) -> (B, H, T, d) with d a whole number of vectors or not, rows plus a
-// broadcast bias, a scalar operand, and a view whose base is not 16-byte aligned: the CPU's bits.
+// broadcast bias, a scalar operand, a view whose base is not 16-byte aligned, and runs of one
+// broadcast value (inner stride 0): the CPU's bits.
 TEST_F(CudaElementwise, VectorRunsOfHeadViewsAndBroadcastRowsMatchCpu) {
   for (DType dt : kAllTypes) {
     for (size_t d : {32, 12, 7}) {
@@ -740,6 +741,17 @@ TEST_F(CudaElementwise, VectorRunsOfHeadViewsAndBroadcastRowsMatchCpu) {
       const Tensor offg = to_gpu(rows).flatten_all().narrow(0, 1, 59 * d).reshape(Shape({59, d}));
       EXPECT_TRUE(same_bits(offg + to_gpu(bias), off + bias)) << "unaligned base";
       EXPECT_TRUE(same_bits(offg * 2.0, off * 2.0)) << "unaligned unary";
+      // Runs of one broadcast value (inner stride 0): not vector loads.
+      const Tensor col = random_any(Shape({6, 1}), dt, 20, 0.5, 3.0);
+      const Tensor bc = col.broadcast_as(Shape({6, 16}));
+      const Tensor bcg = to_gpu(col).broadcast_as(Shape({6, 16}));
+      EXPECT_TRUE(same_bits(bcg.contiguous(), bc.contiguous())) << "broadcast copy";
+      EXPECT_TRUE(same_bits(bcg * 0.5, bc * 0.5)) << "broadcast unary";
+      EXPECT_TRUE(same_bits(bcg + to_gpu(rows.narrow(0, 0, 6).narrow(1, 0, 1).contiguous()
+                                             .broadcast_as(Shape({6, 16}))),
+                            bc + rows.narrow(0, 0, 6).narrow(1, 0, 1).contiguous()
+                                     .broadcast_as(Shape({6, 16}))))
+          << "broadcast + broadcast";
     }
   }
 }
