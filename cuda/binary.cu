@@ -184,6 +184,18 @@ __global__ void __launch_bounds__(kThreads)
 
 bool aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
+/// The vector of operand a at offset off: a load where its run has stride 1 (`vec`), else its one
+/// value there (a broadcast run, or the scalar) in every lane.
+template <class T>
+__device__ __forceinline__ Vec16<T> run_at(const Src<T>& a, int64_t off, bool vec) {
+  if (vec) return *reinterpret_cast<const Vec16<T>*>(a.p + off);
+  Vec16<T> x;
+  const T c = a[off];
+#pragma unroll
+  for (int k = 0; k < static_cast<int>(16 / sizeof(T)); ++k) x.v[k] = c;
+  return x;
+}
+
 /// y = op(a, b) when the innermost coalesced dim is a run in each operand, contiguous (stride 1)
 /// or one broadcast value (stride 0), of a length divisible by the vector width, every
 /// contiguous run starting 16-byte aligned: one Vec16 per thread and iteration, and one index
@@ -195,31 +207,13 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kV = 16 / sizeof(T);
   const int last = s.rank - 1;
   const bool va = s.strides[0][last] == 1, vb = s.strides[1][last] == 1;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < nv;
-       v += step) {
-    int64_t off[2];
-    s.offsets(v * kV, off);
-    Vec16<T> x, z;
-    if (va) {
-      x = *reinterpret_cast<const Vec16<T>*>(a.p + off[0]);
-    } else {
-      const T c = a[off[0]];
-#pragma unroll
-      for (int k = 0; k < kV; ++k) x.v[k] = c;
-    }
-    if (vb) {
-      z = *reinterpret_cast<const Vec16<T>*>(b.p + off[1]);
-    } else {
-      const T c = b[off[1]];
-#pragma unroll
-      for (int k = 0; k < kV; ++k) z.v[k] = c;
-    }
+  for_each_vector<2, kV>(nv, s, [&](int64_t v, const int64_t (&off)[2]) {
+    const Vec16<T> x = run_at(a, off[0], va), z = run_at(b, off[1], vb);
     Vec16<T> r;
 #pragma unroll
     for (int k = 0; k < kV; ++k) r.v[k] = arith(op, x.v[k], z.v[k]);
     reinterpret_cast<Vec16<T>*>(y)[v] = r;
-  }
+  });
 }
 
 constexpr bool is_compare(OpId op) {

@@ -66,14 +66,9 @@ gather_map(int64_t n, Strided<1> s, const S* __restrict__ x, D* __restrict__ y, 
 template <class U>
 __global__ void __launch_bounds__(kThreads)
 copy_runs(int64_t nv, Strided<1> s, const U* __restrict__ x, U* __restrict__ y) {
-  constexpr int kV = 16 / sizeof(U);
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < nv;
-       v += step) {
-    int64_t off[1];
-    s.offsets(v * kV, off);
+  for_each_vector<1, 16 / sizeof(U)>(nv, s, [&](int64_t v, const int64_t (&off)[1]) {
     reinterpret_cast<Vec16<U>*>(y)[v] = *reinterpret_cast<const Vec16<U>*>(x + off[0]);
-  }
+  });
 }
 
 constexpr int kTile = 32;      ///< transpose tile edge

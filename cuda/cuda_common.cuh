@@ -206,6 +206,19 @@ bool runs_in_vectors(const Strided<N>& s, const std::array<const void*, N>& base
   return true;
 }
 
+/// f(v, off) for every vector v < nv of a runs_in_vectors layout, off[k] operand k's offset of
+/// row-major element v * kV: a grid-stride loop with one offsets() chain per vector.
+template <int N, int kV, class F>
+__device__ __forceinline__ void for_each_vector(int64_t nv, const Strided<N>& s, const F& f) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < nv;
+       v += step) {
+    int64_t off[N];
+    s.offsets(v * kV, off);
+    f(v, off);
+  }
+}
+
 /// Whether every operand of `s` is dense row-major over the same elements (offset = index).
 template <int N> bool is_dense(const Strided<N>& s) {
   if (s.rank > 1) return false;

@@ -261,17 +261,13 @@ template <OpId kOp, class T> struct UnaryFn {
 template <OpId kOp, class T>
 __global__ void __launch_bounds__(kThreads) unary_runs(int64_t nv, Strided<1> s, UnaryFn<kOp, T> f) {
   constexpr int kV = 16 / sizeof(T);
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < nv;
-       v += step) {
-    int64_t off[1];
-    s.offsets(v * kV, off);
+  for_each_vector<1, kV>(nv, s, [&](int64_t v, const int64_t (&off)[1]) {
     const Vec16<T> in = *reinterpret_cast<const Vec16<T>*>(f.x + off[0]);
     Vec16<T> out;
 #pragma unroll
     for (int k = 0; k < kV; ++k) out.v[k] = f.apply(in.v[k]);
     reinterpret_cast<Vec16<T>*>(f.y)[v] = out;
-  }
+  });
 }
 
 template <class T> UnaryParams params_for(OpId op, const OpAttrs& a) {
