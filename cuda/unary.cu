@@ -250,7 +250,8 @@ template <OpId kOp, class T> struct UnaryFn {
   UnaryParams p;
   __device__ __forceinline__ T apply(T v) const {
     if constexpr (std::is_integral_v<T>) return unary_int<kOp>(v, p);
-    else if constexpr (kOp == OpId::gelu_erf && is_half_v<T>) return round_to<T>(gelu_erf_f32(widen(v)));
+    else if constexpr (kOp == OpId::gelu_erf && is_half_v<T>)
+      return round_to<T>(gelu_erf_f32(widen(v)));
     else return round_to<T>(unary_float<kOp>(widen(v), p));
   }
   __device__ __forceinline__ void operator()(int64_t i, int64_t off) const { y[i] = apply(x[off]); }
@@ -259,7 +260,8 @@ template <OpId kOp, class T> struct UnaryFn {
 /// f over x's elements Vec16 by Vec16 when x's innermost coalesced dim is a run of whole vectors
 /// (runs_in_vectors): a dense x, or a head view such as q * scale on (B, H, T, d) of (B, T, H, d).
 template <OpId kOp, class T>
-__global__ void __launch_bounds__(kThreads) unary_runs(int64_t nv, Strided<1> s, UnaryFn<kOp, T> f) {
+__global__ void __launch_bounds__(kThreads)
+    unary_runs(int64_t nv, Strided<1> s, UnaryFn<kOp, T> f) {
   constexpr int kV = 16 / sizeof(T);
   for_each_vector<1, kV>(nv, s, [&](int64_t v, const int64_t (&off)[1]) {
     const Vec16<T> in = *reinterpret_cast<const Vec16<T>*>(f.x + off[0]);

@@ -37,7 +37,8 @@
 //     sigmoid   16        CPU 8 + exp 2 ulp and the division's roundings
 //     silu      20        as sigmoid, one product more
 //     gelu      16        CPU 6 + the sigmoid form; scale |y| (1 + |2z|)
-//     gelu_erf  12        CPU 10 + the GPU's f64 erfcx algorithm (about 1 u_c)
+//     gelu_erf  12        CPU 10 + the GPU's f64 erfcx algorithm (about 1 u_c); bf16/f16
+//                         compute in f32 with erfcf, inside the half types' one-ulp term
 //     sin, cos  12        CPU 6 + sinf/cosf 2 ulp (f64 2 ulp)
 //     powf      8         CPU 4 + f32: pow in f64 rounded once; f64: pow 2 ulp
 //
@@ -528,8 +529,9 @@ INSTANTIATE_TEST_SUITE_P(Cuda, CudaUnaryInt,
                                              std::string(dtype_name(std::get<1>(i.param))));
                          });
 
-// gelu_erf_bwd (GELU's backward in one pass, f64 inside for every dtype): the GPU's bits are the
-// CPU kernel's up to one rounding of the dtype (the f64 exp and erfc differ in the last bits),
+// gelu_erf_bwd (GELU's backward in one pass; f64 inside for f32 and f64, f32 with erfcf for
+// bf16/f16): the GPU's values are the CPU kernel's up to one rounding of the dtype (the f64 exp
+// and erfc differ in the last bits; the half types' f32 path is far inside one half-type ulp),
 // strided inputs included, and the limits at +-inf and NaN are the same.
 TEST_F(CudaElementwise, GeluErfBwdMatchesTheCpuKernel) {
   for (DType dt : kFloatTypes) {

@@ -744,8 +744,8 @@ TEST(ElementwiseBinary, ScalarOperandsMatchAFullTensorBitForBit) {
             ASSERT_EQ(got.shape(), want.shape()) << what;
             ASSERT_EQ(got.dtype(), want.dtype()) << what;
             const Tensor g = got.to_device(Device::cpu()), w = want.to_device(Device::cpu());
-            ASSERT_EQ(std::memcmp(g.data_ptr(), w.data_ptr(), g.elem_count() * dtype_size(g.dtype())),
-                      0)
+            const size_t bytes = g.elem_count() * dtype_size(g.dtype());
+            ASSERT_EQ(std::memcmp(g.data_ptr(), w.data_ptr(), bytes), 0)
                 << what << " s=" << s;
           };
           same(x.gt(s), x.gt(f), "gt");

@@ -157,8 +157,17 @@ TEST(NnModule, ToDtypeKeepsIdentityAndMembers) {
   EXPECT_EQ(values(lin.weight), before);  // f32 -> f64 is exact
   lin.to(DType::BF16);
   EXPECT_EQ(lin.bias.dtype(), DType::BF16);
-  lin.to(Device::cpu());
-  EXPECT_EQ(lin.weight.device(), Device::cpu());
+  // To every test device and back: the same Vars (held handles follow) and the same values.
+  const std::vector<double> bf = values(lin.weight);
+  for (Device dev : test_devices()) {
+    lin.to(dev);
+    EXPECT_EQ(lin.weight.device(), dev);
+    EXPECT_EQ(held.device(), dev);
+    EXPECT_EQ(lin.weight.id(), id);
+    lin.to(Device::cpu());
+    EXPECT_EQ(held.device(), Device::cpu());
+    EXPECT_EQ(values(lin.weight), bf);
+  }
 }
 
 TEST(NnModule, SeedMakesInitDeterministic) {

@@ -65,8 +65,9 @@ void check_outputs(const OpDef& d, Device dev, DType dt, const std::vector<Tenso
   for (size_t i = static_cast<size_t>(d.n_out); i < want; ++i)
     TAPER_CHECK(outs[i].defined() && outs[i].dtype() == stat_dtype(dt), "internal error: the ",
                 dev.to_string(), " kernel of ", d.name, " saved output ", i, " as ",
-                outs[i].defined() ? dtype_name(outs[i].dtype()) : "undefined", ", the op table says ",
-                dtype_name(stat_dtype(dt)), " for ", dtype_name(dt), " inputs");
+                outs[i].defined() ? dtype_name(outs[i].dtype()) : "undefined",
+                ", the op table says ", dtype_name(stat_dtype(dt)), " for ", dtype_name(dt),
+                " inputs");
 }
 
 }  // namespace
@@ -168,12 +169,13 @@ std::vector<Tensor> dispatch(OpId op, const std::vector<Tensor>& in, const OpAtt
   TAPER_ASSERT(d.arity < 0 || static_cast<size_t>(d.arity) == in.size());
   // Device and dtype: the first defined input's (an undefined one is "none" or, for the binary
   // ops and where_cond, the scalar attrs.f0), the attributes' for creation ops.
-  const auto first = std::find_if(in.begin(), in.end(), [](const Tensor& t) { return t.defined(); });
+  const auto first =
+      std::find_if(in.begin(), in.end(), [](const Tensor& t) { return t.defined(); });
   const Device dev = first == in.end() ? attrs.device : first->device();
   const DType dt = first == in.end() ? attrs.dtype : first->dtype();
   for (const Tensor& t : in)
-    TAPER_CHECK(!t.defined() || t.device() == dev, d.name, ": inputs on different devices (", dev.to_string(),
-                " and ", t.device().to_string(), ")");
+    TAPER_CHECK(!t.defined() || t.device() == dev, d.name, ": inputs on different devices (",
+                dev.to_string(), " and ", t.device().to_string(), ")");
   TAPER_CHECK(dev.is_cpu() || (dev.ordinal() >= 0 && dev.ordinal() < device_count(dev.kind())),
               d.name, ": device ", dev.to_string(), " is not available (",
               device_count(dev.kind()), " such devices present)");

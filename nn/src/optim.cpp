@@ -239,20 +239,21 @@ void AdamW::update(Var& p, State& s, const Tensor& g, double wd) {
 double clip_grad_norm(const std::vector<Var>& params, GradStore& grads, double max_norm) {
   TAPER_CHECK(max_norm >= 0.0, "clip_grad_norm: max_norm must be >= 0, got ", max_norm);
   NoGradGuard ng;
-  double sq = 0.0;
-  std::vector<std::pair<Var, Tensor>> present;
+  Tensor sq;  // on the parameters' device: the host reads it once, below
+  std::vector<std::pair<Var, Tensor>> have;
   for (const Var& p : params) {
     const std::optional<Tensor> g = grads.get(p);
     if (!g) continue;
-    present.emplace_back(p, *g);
+    have.emplace_back(p, *g);
     // Sum of squares accumulated in f32 (f64 for f64) inside the reduction, in f64 across tensors.
-    const DType cd = stat_dtype(g->dtype());
-    sq += g->detach().to_dtype(cd).sqr().sum_all().item();
+    const Tensor s =
+        g->detach().to_dtype(stat_dtype(g->dtype())).sqr().sum_all().to_dtype(DType::F64);
+    sq = sq.defined() ? sq + s : s;
   }
-  const double norm = std::sqrt(sq);
+  const double norm = sq.defined() ? std::sqrt(sq.item()) : 0.0;
   if (norm > max_norm) {
     const double coef = max_norm / (norm + 1e-6);
-    for (auto& [p, g] : present) grads.insert(p, g.detach() * coef);
+    for (auto& [p, g] : have) grads.insert(p, g.detach() * coef);
   }
   return norm;
 }

@@ -69,6 +69,14 @@ template <> struct dtype_of<float> { static constexpr DType value = DType::F32; 
 template <> struct dtype_of<double> { static constexpr DType value = DType::F64; };
 template <class T> inline constexpr DType dtype_of_v = dtype_of<T>::value;
 
+// One rule, two spellings: stat_dtype is the run-time form, portable.h's compute_t<T> the
+// compile-time form kernels (host and device) use. They must agree for every float type.
+static_assert(dtype_of_v<compute_t<bf16>> == stat_dtype(DType::BF16) &&
+                  dtype_of_v<compute_t<f16>> == stat_dtype(DType::F16) &&
+                  dtype_of_v<compute_t<float>> == stat_dtype(DType::F32) &&
+                  dtype_of_v<compute_t<double>> == stat_dtype(DType::F64),
+              "compute_t and stat_dtype disagree");
+
 /// Calls `f(T{})` with the C++ type of `dt` (a value of that type, for template deduction).
 template <class F> decltype(auto) visit_dtype(DType dt, F&& f) {
   switch (dt) {

@@ -4,9 +4,9 @@
 // What it is: the f32 <-> bf16/f16 conversions with round-to-nearest-even, f64 -> f32 rounded to
 // odd (so f64 -> half rounds once), `round_to` / `widen` between storage and compute types,
 // `cast_value`, the to_dtype contract for one value (tests/ref/copy_cast_ref.h states it and
-// holds an independent reference), and the Philox4x32-10 generator behind rand/randn with the transforms
-// that turn its words into uniform and normal values. What it is not: SIMD code (cpu/) or
-// kernels (cuda/); no allocation, no exceptions, nothing that needs the host.
+// holds an independent reference), and the Philox4x32-10 generator behind rand/randn with the
+// transforms that turn its words into uniform and normal values. What it is not: SIMD code
+// (cpu/) or kernels (cuda/); no allocation, no exceptions, nothing that needs the host.
 #pragma once
 
 #include <cmath>
