@@ -97,6 +97,9 @@ torch::Tensor apply(const Case& c, const torch::Tensor& x, const torch::Tensor& 
 }
 
 void run(benchmark::State& st, const Case& c, bool bwd) {
+  // Set before anything can throw: Google Benchmark's CSV reporter wants every run to carry the
+  // same counters, an errored one included (LibTorch 1.13 has no CPU f16 layer norm).
+  st.counters["threads"] = static_cast<double>(torch::get_num_threads());
   try {
     const int64_t p = param_len(c);
     torch::Tensor x = make_randn(c.shape, c.dt, 11);
@@ -125,7 +128,6 @@ void run(benchmark::State& st, const Case& c, bool bwd) {
     }
     st.SetBytesProcessed(static_cast<int64_t>(minimal_bytes(c, bwd) *
                                               static_cast<double>(st.iterations())));
-    st.counters["threads"] = static_cast<double>(torch::get_num_threads());
   } catch (const c10::Error& e) {
     st.SkipWithError(("LibTorch: " + std::string(e.what_without_backtrace())).c_str());
   }

@@ -21,7 +21,7 @@
 # What it is not: the test run (scripts/test.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+if [ "${1:-}" = "--bench" ]; then bash scripts/setup.sh --bench; else bash scripts/setup.sh; fi
 JOBS=$(nproc)
 T0=$SECONDS
 
