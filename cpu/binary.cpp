@@ -456,12 +456,7 @@ std::vector<Tensor> where_cond_kernel(const std::vector<Tensor>& in, const OpAtt
     using T = decltype(tag);
     T scalar;
     const auto [t, f] = operands<T, 2>(in, 1, attrs, scalar, zero);
-    switch (sizeof(T)) {
-      case 1: where_bits<uint8_t>(m, t, f, out); break;
-      case 2: where_bits<uint16_t>(m, t, f, out); break;
-      case 4: where_bits<uint32_t>(m, t, f, out); break;
-      default: where_bits<uint64_t>(m, t, f, out); break;
-    }
+    where_bits<typename Bits<sizeof(T)>::type>(m, t, f, out);
   });
   return {out};
 }

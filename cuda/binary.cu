@@ -51,13 +51,11 @@ __global__ void __launch_bounds__(kThreads) map_n(int64_t n, Strided<N> s, F f) 
   }
 }
 
-/// Launches f over `out`'s elements on its stream; `st` are the operands' strides.
+/// Launches f over `out`'s elements (at least one) on its stream; `s` is the operands' layout.
 template <int N, class F>
-void launch(OpId op, const std::vector<Tensor>& in, const Tensor& out,
-            const std::array<const std::vector<int64_t>*, N>& st, const F& f) {
+void launch(OpId op, const std::vector<Tensor>& in, const Tensor& out, const Strided<N>& s,
+            const F& f) {
   const size_t n = out.elem_count();
-  if (n == 0) return;
-  const Strided<N> s = make_strided<N>(out.shape(), st);
   const int ord = out.device().ordinal();
   const cudaStream_t stm = stream(ord);
   map_n<<<grid_for(n, ord), kThreads, 0, stm>>>(static_cast<int64_t>(n), s, f);
@@ -230,31 +228,30 @@ std::vector<Tensor> binary_kernel(const std::vector<Tensor>& in, const OpAttrs& 
   TAPER_ASSERT(!a.defined() || !b.defined() || (a.shape() == b.shape() && a.dtype() == b.dtype()));
   constexpr bool kCompare = is_compare(kOp);
   Tensor out = new_output(x.shape(), kCompare ? DType::U8 : x.dtype(), x);
+  if (out.elem_count() == 0) return {out};
   const std::vector<int64_t> zero(x.rank(), 0);
-  const std::array<const std::vector<int64_t>*, 2> st = {strides_of(a, zero), strides_of(b, zero)};
+  const Strided<2> s = make_strided<2>(out.shape(), {strides_of(a, zero), strides_of(b, zero)});
   visit_dtype(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const Src<T> sa = src<T>(a, attrs.f0), sb = src<T>(b, attrs.f0);
     if constexpr (kCompare) {
-      launch<2>(kOp, in, out, st, CompareFn<T>{sa, sb, ptr<uint8_t>(out), kOp});
+      launch<2>(kOp, in, out, s, CompareFn<T>{sa, sb, ptr<uint8_t>(out), kOp});
     } else if (a.defined() && b.defined() && a.is_contiguous() && b.is_contiguous() &&
-               aligned16(a) && aligned16(b) && out.elem_count() > 0) {
+               aligned16(a) && aligned16(b)) {
       const int64_t n = static_cast<int64_t>(out.elem_count());
       const int ord = out.device().ordinal();
       const size_t nv = static_cast<size_t>(n) / (16 / sizeof(T));
       arith_dense<T><<<grid_for(nv > 0 ? nv : 1, ord), kThreads, 0, stream(ord)>>>(
           ptr<T>(a), ptr<T>(b), ptr<T>(out), n, kOp);
       TAPER_CUDA_CHECK_LAUNCH(op_name(kOp).data(), in);
-    } else if (const Strided<2> s = make_strided<2>(out.shape(), st);
-               out.elem_count() > 0 &&
-               runs_in_vectors<2>(s, {sa.p, sb.p}, sizeof(T))) {
+    } else if (runs_in_vectors<2>(s, {sa.p, sb.p}, sizeof(T), /*splat_runs=*/true)) {
       const int ord = out.device().ordinal();
       const int64_t nv = static_cast<int64_t>(out.elem_count() / (16 / sizeof(T)));
       arith_runs<T><<<grid_for(static_cast<size_t>(nv), ord), kThreads, 0, stream(ord)>>>(
           s, sa, sb, ptr<T>(out), nv, kOp);
       TAPER_CUDA_CHECK_LAUNCH(op_name(kOp).data(), in);
     } else {
-      launch<2>(kOp, in, out, st, ArithFn<T>{sa, sb, ptr<T>(out), kOp});
+      launch<2>(kOp, in, out, s, ArithFn<T>{sa, sb, ptr<T>(out), kOp});
     }
   });
   return {out};
@@ -283,12 +280,11 @@ std::vector<Tensor> where_cond_kernel(const std::vector<Tensor>& in, const OpAtt
   TAPER_ASSERT(m.dtype() == DType::U8 && m.shape() == v.shape());
   TAPER_ASSERT(!t.defined() || !f.defined() || (t.dtype() == f.dtype() && t.shape() == f.shape()));
   Tensor out = new_output(v.shape(), v.dtype(), v);
+  if (out.elem_count() == 0) return {out};
   const std::vector<int64_t> zero(v.rank(), 0);
   visit_dtype(v.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    using W = std::conditional_t<sizeof(T) == 1, uint8_t,
-              std::conditional_t<sizeof(T) == 2, uint16_t,
-              std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>>;
+    using W = typename Bits<sizeof(T)>::type;
     const auto bits = [&](const Tensor& u) {
       if (u.defined()) return Src<W>{ptr<W>(u), W{}};
       const T s = cast_value<T>(attrs.f0);
@@ -296,8 +292,9 @@ std::vector<Tensor> where_cond_kernel(const std::vector<Tensor>& in, const OpAtt
       std::memcpy(&w, &s, sizeof(W));
       return Src<W>{nullptr, w};
     };
-    launch<3>(OpId::where_cond, in, out, {&m.strides(), strides_of(t, zero), strides_of(f, zero)},
-              WhereFn<W>{ptr<uint8_t>(m), bits(t), bits(f), ptr<W>(out)});
+    const Strided<3> s =
+        make_strided<3>(out.shape(), {&m.strides(), strides_of(t, zero), strides_of(f, zero)});
+    launch<3>(OpId::where_cond, in, out, s, WhereFn<W>{ptr<uint8_t>(m), bits(t), bits(f), ptr<W>(out)});
   });
   return {out};
 }
@@ -321,10 +318,12 @@ std::vector<Tensor> mul_add_kernel(const std::vector<Tensor>& in, const OpAttrs&
   TAPER_ASSERT(a.dtype() == b.dtype() && b.dtype() == c.dtype());
   TAPER_ASSERT(a.shape() == b.shape() && b.shape() == c.shape());
   Tensor out = new_output(a.shape(), a.dtype(), a);
+  if (out.elem_count() == 0) return {out};
   visit_dtype(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
     if constexpr (!std::is_integral_v<T>) {
-      launch<3>(OpId::mul_add, in, out, {&a.strides(), &b.strides(), &c.strides()},
+      launch<3>(OpId::mul_add, in, out,
+                make_strided<3>(out.shape(), {&a.strides(), &b.strides(), &c.strides()}),
                 MulAddFn<T>{ptr<T>(a), ptr<T>(b), ptr<T>(c), ptr<T>(out)});
     } else {
       TAPER_ASSERT(false && "cuda: mul_add of an integer dtype is not registered");

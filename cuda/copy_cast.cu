@@ -27,13 +27,6 @@
 namespace taper::cuda {
 namespace {
 
-/// An unsigned type of B bytes: copy and fill move bits only, 4 widths serve 7 dtypes.
-template <size_t B> struct Bits;
-template <> struct Bits<1> { using type = uint8_t; };
-template <> struct Bits<2> { using type = uint16_t; };
-template <> struct Bits<4> { using type = uint32_t; };
-template <> struct Bits<8> { using type = uint64_t; };
-
 /// Calls f(size(dt)-byte unsigned type tag).
 template <class F> void visit_bits(DType dt, F&& f) {
   switch (dtype_size(dt)) {
@@ -137,9 +130,8 @@ void convert_view(const char* op, const std::vector<Tensor>& in, const Tensor& x
     return;
   }
   if constexpr (std::is_same_v<S, D>) {
-    // Stride 1 inside the runs: a broadcast run (stride 0) is not a vector load.
-    if (dense_memcpy && s.rank >= 2 && s.strides[0][s.rank - 1] == 1 &&
-        runs_in_vectors<1>(s, {px}, sizeof(S))) {
+    if (dense_memcpy && s.rank >= 2 &&
+        runs_in_vectors<1>(s, {px}, sizeof(S), /*splat_runs=*/false)) {
       const int64_t nv = static_cast<int64_t>(n / (16 / sizeof(S)));
       copy_runs<S><<<grid_for(static_cast<size_t>(nv), ord), kThreads, 0, st>>>(nv, s, px, py);
       TAPER_CUDA_CHECK_LAUNCH(op, in);

@@ -187,18 +187,19 @@ template <class T> struct alignas(16) Vec16 {
 
 /// Whether the operands of `s` (base pointers `base`, elements of `elem_bytes`) can be read in
 /// Vec16s along the innermost coalesced dim: its length a whole number of vectors and, for each
-/// operand read with stride 1 there, a 16-byte aligned base and outer strides in whole vectors
-/// (an operand with stride 0 there is one value per run, or a scalar with base nullptr: a kernel
-/// that loads vectors from every operand must also require stride 1). Then row-major element
-/// v * kV starts a vector in every operand, and s.offsets runs once per vector.
+/// operand read with stride 1 there, a 16-byte aligned base and outer strides in whole vectors.
+/// With `splat_runs` an operand may instead have stride 0 there (one value per run, or a scalar
+/// with base nullptr), for a kernel that broadcasts it into every lane; without, every operand
+/// is a vector load and must have stride 1. Then row-major element v * kV starts a vector in
+/// every operand, and s.offsets runs once per vector.
 template <int N>
 bool runs_in_vectors(const Strided<N>& s, const std::array<const void*, N>& base,
-                     size_t elem_bytes) {
+                     size_t elem_bytes, bool splat_runs) {
   const int64_t kv = static_cast<int64_t>(16 / elem_bytes);
   if (s.rank < 1 || s.dims[s.rank - 1] % kv != 0) return false;
   for (int k = 0; k < N; ++k) {
     const int64_t inner = s.strides[k][s.rank - 1];
-    if (inner == 0) continue;
+    if (inner == 0 && splat_runs) continue;
     if (inner != 1 || reinterpret_cast<uintptr_t>(base[k]) % 16 != 0) return false;
     for (int d = 0; d + 1 < s.rank; ++d)
       if (s.strides[k][d] % kv != 0) return false;

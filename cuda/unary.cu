@@ -312,9 +312,7 @@ std::vector<Tensor> unary_kernel(const std::vector<Tensor>& in, const OpAttrs& a
       const cudaStream_t st = stream(ord);
       const Strided<1> s = make_strided<1>(x.shape(), {&x.strides()});
       const UnaryFn<kOp, T> f{ptr<T>(x), ptr<T>(y), params_for<T>(kOp, attrs)};
-      // Stride 1 inside the runs: a broadcast run (stride 0) is not a vector load.
-      if (s.rank >= 1 && s.strides[0][s.rank - 1] == 1 &&
-          runs_in_vectors<1>(s, {ptr<T>(x)}, sizeof(T))) {
+      if (runs_in_vectors<1>(s, {ptr<T>(x)}, sizeof(T), /*splat_runs=*/false)) {
         const int64_t nv = static_cast<int64_t>(n / (16 / sizeof(T)));
         unary_runs<kOp, T><<<grid_for(static_cast<size_t>(nv), ord), kThreads, 0, st>>>(nv, s, f);
       } else {

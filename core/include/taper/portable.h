@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -162,6 +163,14 @@ struct f16 {
   TAPER_HD explicit operator float() const { return f16_bits_to_f32(bits); }
   TAPER_HD explicit operator double() const { return f16_bits_to_f32(bits); }
 };
+
+/// An unsigned type of B bytes, for kernels that move bits only (copy, fill, where_cond): 4
+/// widths serve the 7 dtypes.
+template <size_t B> struct Bits;
+template <> struct Bits<1> { using type = uint8_t; };
+template <> struct Bits<2> { using type = uint16_t; };
+template <> struct Bits<4> { using type = uint32_t; };
+template <> struct Bits<8> { using type = uint64_t; };
 
 template <class T> inline constexpr bool is_half_v = std::is_same_v<T, bf16> || std::is_same_v<T, f16>;
 
