@@ -21,6 +21,7 @@
 // `bench_cuda --fused-table FILE` instead writes the fused-against-composed table (CSV; see
 // run_fused_table), timed with CUDA events and the L2 flushed, by the method of
 // scripts/bench_fused_torch.py; scripts/h200_report.py renders both as docs/benchmarks-h200.md.
+// `--filter S` with it keeps the rows whose "op,dtype,shape,path,pass" contains S (for ncu).
 // What it is not: a correctness check (tests/ do that).
 #include <benchmark/benchmark.h>
 #include <cublas_v2.h>
@@ -378,7 +379,9 @@ template <class Fn> double time_events(const Fn& fn, const Tensor& flush) {
   return 0.5 * (us[(us.size() - 1) / 2] + us[us.size() / 2]);
 }
 
-int run_fused_table(const std::string& path) {
+/// `filter`: run only the rows whose "op,dtype,shape,path,pass" contains it (empty: every row;
+/// the copy ceiling is always measured), so that a profiler sees one case's kernels.
+int run_fused_table(const std::string& path, const std::string& filter) {
   if (!taper::device_available(DeviceKind::Cuda)) {
     std::fprintf(stderr, "bench_cuda --fused-table: no CUDA device present\n");
     return 1;
@@ -410,6 +413,10 @@ int run_fused_table(const std::string& path) {
     const auto [fwd_id, bwd_id] = op_ids(c.op);
     for (bool bwd : {false, true}) {
       for (bool fused : {true, false}) {
+        const std::string key = std::string(op_name(c.op)) + "," +
+                                std::string(taper::dtype_name(c.dt)) + "," + shape_name(c) + "," +
+                                (fused ? "fused" : "composed") + "," + (bwd ? "fwd_bwd" : "fwd");
+        if (key.find(filter) == std::string::npos) continue;
         double us = 0;
         if (!bwd) {
           const Tensor x = make_randn(c.shape, c.dt, 11);
@@ -473,9 +480,12 @@ void register_all() {
 int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; ++i)
     if (std::string(argv[i]) == "--fused-table") {
+      std::string filter;
+      for (int j = 1; j + 1 < argc; ++j)
+        if (std::string(argv[j]) == "--filter") filter = argv[j + 1];
       taper::set_cuda_allow_tf32(false);
       try {
-        return run_fused_table(argv[i + 1]);
+        return run_fused_table(argv[i + 1], filter);
       } catch (const std::exception& e) {
         std::fprintf(stderr, "bench_cuda --fused-table: %s\n", e.what());
         return 1;

@@ -10,6 +10,8 @@
 #              (scripts/bench_fused_torch.py) and the rendered benchmarks-h200.md
 #   finetune   the main job for 20 steps on the GPU, then on the CPU (MODEL_DIR)
 #   main       the whole main job on the GPU (seeds 1, 2) and a GPU -> CPU resume
+#   profile    the SASS of softmax.cu and norm.cu (cuobjdump), and ncu's counters of the fused
+#              kernels of each PROFILE_CASES row (bench_cuda --fused-table --filter)
 #   train      issue 17's table: taper's --bench-train / --bench-forward cells on the GPU, then
 #              PyTorch's (scripts/bench_train_torch.py, which does not import taper) beside them
 #              (TRAIN_TORCH=0: taper's cells only)
@@ -100,6 +102,23 @@ for step in "$@"; do
         --gpu "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)" \
         >"$OUT/benchmarks-h200.md" 2>&1
       log "report rc=$?"
+      ;;
+    profile)
+      for f in softmax norm; do
+        cuobjdump --dump-sass "build/gpu/cuda/CMakeFiles/taper_cuda.dir/$f.cu.o" | gzip >"$OUT/sass_$f.txt.gz"
+      done
+      log "sass dumped"
+      IFS=';' read -ra cases <<<"${PROFILE_CASES:-softmax,bf16,16384x1024,fused,fwd}"
+      for c in "${cases[@]}"; do
+        log "ncu $c"
+        timeout "${NCU_SECONDS:-120}" ncu --clock-control none -k "regex:${PROFILE_KERNELS:-warp_rows|block_rows|stream_rows|fwd_rows|bwd_rows|chunk|gn_bwd|col_reduce|fwd_merge|sums_merge}" \
+          -c "${NCU_COUNT:-3}" --section SpeedOfLight --section MemoryWorkloadAnalysis \
+          --section Occupancy --section LaunchStats --section WarpStateStats \
+          --section SchedulerStats --section InstructionStats --section ComputeWorkloadAnalysis \
+          ./build/gpu/benches/bench_cuda --fused-table /tmp/prof.csv --filter "$c" \
+          >"$OUT/ncu_${c//[,x]/_}.txt" 2>&1
+        log "ncu rc=$?"
+      done
       ;;
     finetune)
       # The same 20 steps on the GPU and on the CPU; MODEL_DIR may point at a copy of the model
