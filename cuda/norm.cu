@@ -38,8 +38,9 @@
 // The rows backward's partials cost P / R of a tensor per output (dw, db) in f32, written and
 // read once.
 //
-// Precision: bf16/f16 load to f32 and round once at the store (round_to); statistics and every
-// sum are f32 for bf16, f16 and f32 and f64 for f64 (the f64 kernels compute in f64 only).
+// Precision: bf16/f16 load to f32 and round once at the store (round_to's bits, through the
+// hardware conversions of cuda/vec_io.cuh); statistics and every sum are f32 for bf16, f16 and
+// f32 and f64 for f64 (the f64 kernels compute in f64 only).
 // Mean and variance are two-pass over the row in registers, or two-pass per chunk and merged
 // with Chan's formula (cpu/norm.cpp's MeanM2); never E[x^2] - E[x]^2. rstd = 1 / sqrt(var +
 // eps) (correctly rounded sqrt and divide). y = (x - mean) * rstd * w + b with cpu/norm.cpp's
@@ -63,6 +64,7 @@
 #include <vector>
 
 #include "cuda/cuda_common.cuh"
+#include "cuda/vec_io.cuh"
 #include "taper/dtype.h"
 #include "taper/error.h"
 #include "taper/op.h"
@@ -83,7 +85,7 @@ constexpr int64_t kSplitMinLen = 4096;   ///< ... where "long" starts
 constexpr int64_t kInlineMerge = 256;    ///< more partials per row than this: a merge kernel
 constexpr int kColX = 32, kColY = 16;    ///< col_reduce: columns x fold lanes
 
-template <class T> inline constexpr int kV = 16 / static_cast<int>(sizeof(T));  ///< per vector
+template <class T> inline constexpr int kV = kVec<T>;  ///< elements per 16-byte vector
 /// Vectors per thread: forward rows and every chunk kernel (16 values; 8 for f64) ...
 template <class T> inline constexpr int kFwdVecs = is_half_v<T> ? 2 : 4;
 /// ... and the rms/layer backward, which also keeps dy and two column sums (8 values; 4 f64).
@@ -95,39 +97,32 @@ __device__ __forceinline__ int64_t dmin(int64_t a, int64_t b) { return a < b ? a
 // ---- loads, stores, sums -------------------------------------------------------------------
 
 /// v = p[i, i + V) in the compute type; elements at or past n are 0. One 16-byte load when
-/// `vec` (p + i is then 16-byte aligned) and the vector is whole.
+/// `vec` (p + i is then 16-byte aligned) and the vector is whole. p is an input of the kernel
+/// (read-only while it runs).
 template <class T>
 __device__ __forceinline__ void load_vec(const T* __restrict__ p, int64_t i, int64_t n, bool vec,
                                          compute_t<T> (&v)[kV<T>]) {
   constexpr int V = kV<T>;
   if (vec && i + V <= n) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(p + i);
-    T e[V];
-    memcpy(&e[0], &raw, 16);
-#pragma unroll
-    for (int l = 0; l < V; ++l) v[l] = widen(e[l]);
+    load16<false>(p + i, v);
   } else {
 #pragma unroll
-    for (int l = 0; l < V; ++l) v[l] = i + l < n ? widen(p[i + l]) : compute_t<T>(0);
+    for (int l = 0; l < V; ++l) v[l] = i + l < n ? load_c(p[i + l]) : compute_t<T>(0);
   }
 }
 
-/// p[i, i + V) = v rounded once to T; elements at or past n are not written.
+/// p[i, i + V) = v rounded once to T (round_to's bits; cuda/vec_io.cuh); elements at or past n
+/// are not written.
 template <class T>
 __device__ __forceinline__ void store_vec(T* __restrict__ p, int64_t i, int64_t n, bool vec,
                                           const compute_t<T> (&v)[kV<T>]) {
   constexpr int V = kV<T>;
   if (vec && i + V <= n) {
-    T e[V];
-#pragma unroll
-    for (int l = 0; l < V; ++l) e[l] = round_to<T>(v[l]);
-    uint4 raw;
-    memcpy(&raw, &e[0], 16);
-    *reinterpret_cast<uint4*>(p + i) = raw;
+    store16<false, true>(p + i, v);
   } else {
 #pragma unroll
     for (int l = 0; l < V; ++l)
-      if (i + l < n) p[i + l] = round_to<T>(v[l]);
+      if (i + l < n) p[i + l] = store_c<T>(v[l]);
   }
 }
 
@@ -216,7 +211,7 @@ __device__ __forceinline__ void row_sums(compute_t<T> (&s)[2], const compute_t<T
                                          const T* __restrict__ w, int64_t ch0, int64_t P) {
   using C = compute_t<T>;
   for (int64_t k = first; k < np; k += stride) {
-    const C wk = w ? widen(w[ch0 + k / P]) : C(1);
+    const C wk = w ? load_c(w[ch0 + k / P]) : C(1);
     s[0] = fma(wk, a0[(r0 + k) * st], s[0]);
     s[1] = fma(wk, a1[(r0 + k) * st], s[1]);
   }
@@ -239,8 +234,8 @@ __device__ __forceinline__ void group_affine(const compute_t<T> (&xv)[kV<T>],
   using C = compute_t<T>;
   int64_t cl = run_of(i, S, small);
   int64_t next = (cl + 1) * S;
-  C a = w ? rs * widen(w[ch0 + cl]) : rs;
-  C c = b ? widen(b[ch0 + cl]) : C(0);
+  C a = w ? rs * load_c(w[ch0 + cl]) : rs;
+  C c = b ? load_c(b[ch0 + cl]) : C(0);
 #pragma unroll
   for (int l = 0; l < kV<T>; ++l) {
     const int64_t e = i + l;
@@ -251,8 +246,8 @@ __device__ __forceinline__ void group_affine(const compute_t<T> (&xv)[kV<T>],
           ++cl;
           next += S;
         } while (e >= next);
-        a = w ? rs * widen(w[ch0 + cl]) : rs;
-        c = b ? widen(b[ch0 + cl]) : C(0);
+        a = w ? rs * load_c(w[ch0 + cl]) : rs;
+        c = b ? load_c(b[ch0 + cl]) : C(0);
       }
       o[l] = fma(xv[l] - mu, a, c);
     }
@@ -945,7 +940,7 @@ __global__ void __launch_bounds__(kBlock)
       load_vec(dy + off, i, hi, vec, gv);
       int64_t cl = run_of(i, S, small);
       int64_t next = (cl + 1) * S;
-      C wc = w ? widen(w[ch0 + cl]) : C(1);
+      C wc = w ? load_c(w[ch0 + cl]) : C(1);
 #pragma unroll
       for (int l = 0; l < V; ++l) {
         const int64_t e = i + l;
@@ -956,7 +951,7 @@ __global__ void __launch_bounds__(kBlock)
               ++cl;
               next += S;
             } while (e >= next);
-            wc = w ? widen(w[ch0 + cl]) : C(1);
+            wc = w ? load_c(w[ch0 + cl]) : C(1);
           }
           const C t = fma(xv[l] - mu, -kk, -cc);
           const C uu = gv[l] * rho;

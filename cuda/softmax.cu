@@ -47,9 +47,9 @@
 //
 // Precision: C throughout (bf16/f16 widen exactly to f32; f64 is f64 with f64 constants, exp and
 // log), rounded once at the store: round_to<T>, or for bf16/f16 the hardware conversions, which
-// give round_to's bits for every value but NaN (NaN goes through round_to; see load_c, store_c,
-// pack_half2). exp is the CUDA library's expf / exp (2 ulp, 1 ulp; --fmad=false leaves its own
-// fmas alone), with results below the smallest normal (x - m below ln FLT_MIN, resp. ln DBL_MIN)
+// give round_to's bits for every value but NaN (NaN goes through round_to; cuda/vec_io.cuh).
+// exp is the CUDA library's expf / exp (2 ulp, 1 ulp; --fmad=false leaves its own fmas alone),
+// with results below the smallest normal (x - m below ln FLT_MIN, resp. ln DBL_MIN)
 // flushed to 0 as the CPU's ExpNoSubnormal does. The CPU's MulAdd / NegMulAdd are fmas here too
 // (sum dy * y, dy - y * sum dy).
 // Special values as the CPU: a row with a NaN, an all -inf row or a row holding +inf gives NaN
@@ -69,6 +69,7 @@
 #include <vector>
 
 #include "cuda/cuda_common.cuh"
+#include "cuda/vec_io.cuh"
 #include "taper/dtype.h"
 #include "taper/error.h"
 
@@ -81,8 +82,6 @@ enum class Kind : int { kFwd, kFwdLog, kBwd, kBwdLog };
 constexpr bool is_log(Kind k) { return k == Kind::kFwdLog || k == Kind::kBwdLog; }
 constexpr bool is_bwd(Kind k) { return k == Kind::kBwd || k == Kind::kBwdLog; }
 
-/// Elements of one 16-byte vector.
-template <class T> inline constexpr int kVec = 16 / static_cast<int>(sizeof(T));
 /// Vectors per thread on chip: 32 compute values (f64: 16, the same 128 bytes of registers);
 /// half as many for the softmax backward, which keeps two arrays (y and dy).
 template <class T, Kind K>
@@ -116,9 +115,24 @@ __device__ __forceinline__ double fma_c(double a, double b, double c) { return f
 
 /// exp(t) for t <= 0 with results below the smallest normal flushed to 0: the CPU's
 /// ExpNoSubnormal thresholds (ln FLT_MIN, ln DBL_MIN rounded down). NaN stays NaN, -inf gives 0.
-__device__ __forceinline__ float exp_ns(float t) { return t < -0x1.5d58ap+6f ? 0.0f : expf(t); }
+/// Branch-free: exp is computed for every t and the flush is one select (setp + selp in asm, so
+/// that the compiler cannot sink the exp under a branch; as a branch, each element paid a
+/// divergence frame and rematerialised constants, about 8 issue slots, next to the exp's 8).
+__device__ __forceinline__ float exp_ns(float t) {
+  const float e = expf(t);
+  float r;
+  asm("{\n\t.reg .pred p;\n\tsetp.lt.f32 p, %1, %2;\n\tselp.f32 %0, 0f00000000, %3, p;\n\t}"
+      : "=f"(r)
+      : "f"(t), "f"(-0x1.5d58ap+6f), "f"(e));
+  return r;
+}
 __device__ __forceinline__ double exp_ns(double t) {
-  return t < -0x1.6232bdd7abcd3p+9 ? 0.0 : exp(t);
+  const double e = exp(t);
+  double r;
+  asm("{\n\t.reg .pred p;\n\tsetp.lt.f64 p, %1, %2;\n\tselp.f64 %0, 0d0000000000000000, %3, p;\n\t}"
+      : "=d"(r)
+      : "d"(t), "d"(-0x1.6232bdd7abcd3p+9), "d"(e));
+  return r;
 }
 
 template <class C> __device__ __forceinline__ C inf_c() {
@@ -227,66 +241,6 @@ struct ClusterTeam {
 
 // ---- loads and stores ------------------------------------------------------------------------
 
-/// A storage value in the compute type: widen, with f16 through the hardware conversion (exact,
-/// as widen; the portable bit manipulation would make the f16 kernels bound by integer ops).
-template <class T> __device__ __forceinline__ compute_t<T> load_c(T v) {
-  if constexpr (std::is_same_v<T, f16>) return __half2float(__ushort_as_half(v.bits));
-  else return widen(v);
-}
-/// A compute value rounded once to T: round_to<T>, with f16 through cvt.rn.f16.f32, which gives
-/// round_to<f16>'s bits for every value but NaN (NaN keeps round_to's quiet NaN bits).
-template <class T> __device__ __forceinline__ T store_c(compute_t<T> v) {
-  if constexpr (std::is_same_v<T, f16>)
-    return v != v ? round_to<T>(v) : f16::from_bits(__half_as_ushort(__float2half_rn(v)));
-  else return round_to<T>(v);
-}
-
-/// One aligned 16-byte vector, widened. kLast: the data's last use (evict-first).
-template <bool kLast, class T>
-__device__ __forceinline__ void load_vec(const T* p, compute_t<T> (&v)[kVec<T>]) {
-  const uint4 w = kLast ? __ldcs(reinterpret_cast<const uint4*>(p))
-                        : __ldg(reinterpret_cast<const uint4*>(p));
-  T e[kVec<T>];
-  memcpy(&e[0], &w, 16);
-#pragma unroll
-  for (int l = 0; l < kVec<T>; ++l) v[l] = load_c(e[l]);
-}
-
-/// Two f32 values rounded once to the half type T and packed (a in the low half): the paired
-/// hardware conversion (cvt.rn.bf16x2.f32 / cvt.rn.f16x2.f32, round_to's bits for every value
-/// but NaN), round_to itself when either is NaN.
-template <class T> __device__ __forceinline__ uint32_t pack_half2(float a, float b) {
-  uint32_t w;
-  if (__builtin_expect(a != a || b != b, 0)) {
-    w = static_cast<uint32_t>(round_to<T>(a).bits) |
-        static_cast<uint32_t>(round_to<T>(b).bits) << 16;
-  } else if constexpr (std::is_same_v<T, bf16>) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    memcpy(&w, &h, 4);
-  } else {
-    const __half2 h = __floats2half2_rn(a, b);
-    memcpy(&w, &h, 4);
-  }
-  return w;
-}
-
-/// One aligned 16-byte vector, each value rounded once. kLast: streaming store.
-template <bool kLast, class T>
-__device__ __forceinline__ void store_vec(T* p, const compute_t<T> (&v)[kVec<T>]) {
-  uint4 w;
-  if constexpr (is_half_v<T>) {
-    w = make_uint4(pack_half2<T>(v[0], v[1]), pack_half2<T>(v[2], v[3]),
-                   pack_half2<T>(v[4], v[5]), pack_half2<T>(v[6], v[7]));
-  } else {
-    T e[kVec<T>];
-#pragma unroll
-    for (int l = 0; l < kVec<T>; ++l) e[l] = v[l];
-    memcpy(&w, &e[0], 16);
-  }
-  if (kLast) __stcs(reinterpret_cast<uint4*>(p), w);
-  else *reinterpret_cast<uint4*>(p) = w;
-}
-
 /// Virtual vector at element i0 of a row of n elements; elements at or past n get `fill`. I: int
 /// on chip (rows of at most 2^16 elements), int64_t when streamed.
 /// vec: the row is aligned and n % kVec == 0 (so a vector that starts below n is whole).
@@ -294,7 +248,7 @@ template <bool kLast, class T, class I>
 __device__ __forceinline__ void load_any(const T* row, I i0, I n, bool vec,
                                          compute_t<T> fill, compute_t<T> (&v)[kVec<T>]) {
   if (vec && i0 < n) {
-    load_vec<kLast>(row + i0, v);
+    load16<kLast>(row + i0, v);
   } else {
 #pragma unroll
     for (int l = 0; l < kVec<T>; ++l) v[l] = i0 + l < n ? load_c(row[i0 + l]) : fill;
@@ -302,16 +256,17 @@ __device__ __forceinline__ void load_any(const T* row, I i0, I n, bool vec,
 }
 
 /// Stores the elements of the virtual vector at i0 that lie below n (vec: as load_any).
-template <bool kLast, class T, class I>
+/// kMayNaN = false: the caller knows no value is NaN (store16).
+template <bool kLast, bool kMayNaN, class T, class I>
 __device__ __forceinline__ void store_any(T* row, I i0, I n, bool vec,
                                           const compute_t<T> (&v)[kVec<T>]) {
   if (i0 >= n) return;
   if (vec) {
-    store_vec<kLast>(row + i0, v);
+    store16<kLast, kMayNaN>(row + i0, v);
   } else {
 #pragma unroll
     for (int l = 0; l < kVec<T>; ++l)
-      if (i0 + l < n) row[i0 + l] = store_c<T>(v[l]);
+      if (i0 + l < n) row[i0 + l] = store_c<T, kMayNaN>(v[l]);
   }
 }
 
@@ -324,8 +279,9 @@ __device__ __forceinline__ void load_row(const T* row, int n, int t, int G, bool
 }
 
 /// Writes a thread's on-chip vectors: element (k, l) gets f(k, l, x_kl), x_kl the element of
-/// `src` there when kSrc (0 otherwise), loaded vector by vector as it is written.
-template <bool kSrc, class T, int NV, class F>
+/// `src` there when kSrc (0 otherwise), loaded vector by vector as it is written. kMayNaN =
+/// false: f is never NaN (store_any).
+template <bool kSrc, bool kMayNaN, class T, int NV, class F>
 __device__ __forceinline__ void write_row(T* out, const T* src, int n, int t, int G, bool vec,
                                           F f) {
   using C = compute_t<T>;
@@ -343,7 +299,7 @@ __device__ __forceinline__ void write_row(T* out, const T* src, int n, int t, in
     C o[kVec<T>];
 #pragma unroll
     for (int l = 0; l < kVec<T>; ++l) o[l] = f(k, l, xv[l]);
-    store_any<false>(out, i0, n, vec, o);
+    store_any<false, kMayNaN>(out, i0, n, vec, o);
   }
 }
 
@@ -411,15 +367,17 @@ __device__ __forceinline__ void onchip_row(const RowArgs<T>& a, int64_t row, boo
       a.st[2 * row] = nan_row ? nanv : m;
       a.st[2 * row + 1] = lse;
     }
+    // An ok row has no NaN and a finite max: y = exp(x - m) / s with s >= 1, or (x - m) - lse
+    // with x finite or -inf, is never NaN, so its stores skip the NaN test.
     if (!ok) {
-      write_row<false, T, NV>(outr, xr, n, t, G, kAl, [&](int, int, C) { return nanv; });
+      write_row<false, true, T, NV>(outr, xr, n, t, G, kAl, [&](int, int, C) { return nanv; });
     } else if constexpr (is_log(K)) {
-      write_row<false, T, NV>(outr, xr, n, t, G, kAl,
-                              [&](int k, int l, C) { return (v[k][l] - m) - lse; });
+      write_row<false, false, T, NV>(outr, xr, n, t, G, kAl,
+                                     [&](int k, int l, C) { return (v[k][l] - m) - lse; });
     } else {
       const C inv = C(1) / s;
-      write_row<false, T, NV>(outr, xr, n, t, G, kAl,
-                              [&](int k, int l, C) { return v[k][l] * inv; });
+      write_row<false, false, T, NV>(outr, xr, n, t, G, kAl,
+                                     [&](int k, int l, C) { return v[k][l] * inv; });
     }
     team.wait();
   } else {
@@ -443,10 +401,10 @@ __device__ __forceinline__ void onchip_row(const RowArgs<T>& a, int64_t row, boo
       s = team.all_reduce(s, AddOp{}, 0);
       team.release();
       if (!ok) {
-        write_row<false, T, NV>(outr, xr, n, t, G, kAl, [&](int, int, C) { return nanv; });
+        write_row<false, true, T, NV>(outr, xr, n, t, G, kAl, [&](int, int, C) { return nanv; });
       } else {
-        write_row<false, T, NV>(outr, xr, n, t, G, kAl,
-                                [&](int k, int l2, C) { return y[k][l2] * (g[k][l2] - s); });
+        write_row<false, true, T, NV>(outr, xr, n, t, G, kAl,
+                                      [&](int k, int l2, C) { return y[k][l2] * (g[k][l2] - s); });
       }
     } else {
       C g[NV][V];
@@ -459,9 +417,9 @@ __device__ __forceinline__ void onchip_row(const RowArgs<T>& a, int64_t row, boo
       s = team.all_reduce(s, AddOp{}, 0);
       team.release();
       if (!ok) {
-        write_row<false, T, NV>(outr, xr, n, t, G, kAl, [&](int, int, C) { return nanv; });
+        write_row<false, true, T, NV>(outr, xr, n, t, G, kAl, [&](int, int, C) { return nanv; });
       } else {
-        write_row<true, T, NV>(outr, xr, n, t, G, kAl, [&](int k, int l2, C xv) {
+        write_row<true, true, T, NV>(outr, xr, n, t, G, kAl, [&](int k, int l2, C xv) {
           return fma_c(-exp_ns((xv - m) - l), s, g[k][l2]);
         });
       }
@@ -518,13 +476,13 @@ __device__ __forceinline__ void load_step(const T* row, int64_t D, int64_t j, in
   }
 }
 
-template <int NU, class T>
+template <bool kMayNaN, int NU, class T>
 __device__ __forceinline__ void store_step(T* row, int64_t D, int64_t j, int64_t hi, int B,
                                            bool vec, const compute_t<T> (&v)[NU][kVec<T>]) {
 #pragma unroll
   for (int u = 0; u < NU; ++u) {
     const int64_t jj = j + static_cast<int64_t>(u) * B;
-    if (jj < hi) store_any<true>(row, jj * kVec<T>, D, vec, v[u]);
+    if (jj < hi) store_any<true, kMayNaN>(row, jj * kVec<T>, D, vec, v[u]);
   }
 }
 
@@ -596,13 +554,14 @@ __device__ __forceinline__ void stream_row(const RowArgs<T>& a, int64_t row,
 #pragma unroll
           for (int l = 0; l < V; ++l)
             o[u][l] = is_log(K) ? (o[u][l] - m) - lse : exp_ns(o[u][l] - m) * inv;
+        store_step<false, NU>(outr, D, j, hi, B, kAl, o);  // an ok row: no NaN (onchip_row)
       } else {
 #pragma unroll
         for (int u = 0; u < NU; ++u)
 #pragma unroll
           for (int l = 0; l < V; ++l) o[u][l] = nanv;
+        store_step<true, NU>(outr, D, j, hi, B, kAl, o);
       }
-      store_step<NU>(outr, D, j, hi, B, kAl, o);
     }
     team.wait();
   } else {
@@ -648,7 +607,7 @@ __device__ __forceinline__ void stream_row(const RowArgs<T>& a, int64_t row,
 #pragma unroll
           for (int l2 = 0; l2 < V; ++l2) o[u][l2] = nanv;
       }
-      store_step<NU>(outr, D, j, hi, B, kAl, o);
+      store_step<true, NU>(outr, D, j, hi, B, kAl, o);
     }
     team.wait();
   }

@@ -732,7 +732,9 @@ TEST_F(CudaElementwise, VectorRunsOfHeadViewsAndBroadcastRowsMatchCpu) {
       const Tensor hg = to_gpu(x).permute({0, 2, 1, 3});
       EXPECT_TRUE(same_bits(hg.contiguous(), heads.contiguous())) << "copy";
       EXPECT_TRUE(same_bits(hg * 0.5, heads * 0.5)) << "affine";
-      if (is_float(dt)) EXPECT_TRUE(same_bits(hg.sqrt(), heads.sqrt())) << "sqrt";
+      if (is_float(dt)) {
+        EXPECT_TRUE(same_bits(hg.sqrt(), heads.sqrt())) << "sqrt";
+      }
       const Tensor bias = random_any(Shape({d}), dt, 18, 0.5, 3.0);
       EXPECT_TRUE(same_bits(hg + to_gpu(bias), heads + bias)) << "head view + bias";
       const Tensor rows = random_any(Shape({60, d}), dt, 19, 0.5, 3.0);

@@ -38,6 +38,7 @@ namespace {
 
 using testing::for_each_target;
 using testing::LayoutKind;
+using testing::test_devices;
 using testing::ThreadsGuard;
 using testing::unit_roundoff;
 using testing::values;
@@ -492,11 +493,16 @@ TEST_P(FusedSpecial, SoftmaxInfNaNRows) {
         ASSERT_TRUE(std::isnan(e.y[1 * D + i]) && std::isnan(e.y[2 * D + i]) &&
                     std::isnan(e.y[3 * D + i]));
       }
-      const std::vector<double> fused = values(run_public(p, false));
-      const std::vector<double> comp = values(run_public(p, true));
-      EXPECT_TRUE(at_floor(fused, e.y, e.scale, dt)) << fop_name(op) << " fused";
-      EXPECT_TRUE(at_floor(comp, e.y, e.scale, dt)) << fop_name(op) << " composed";
-      EXPECT_EQ(fused[0], op == FOp::Softmax ? 0.0 : -inf);
+      for (Device dev : test_devices()) {  // the reference on the CPU, the kernels everywhere
+        SCOPED_TRACE(dev.to_string());
+        Problem pd = p;
+        pd.x = xt.to_device(dev);
+        const std::vector<double> fused = values(run_public(pd, false));
+        const std::vector<double> comp = values(run_public(pd, true));
+        EXPECT_TRUE(at_floor(fused, e.y, e.scale, dt)) << fop_name(op) << " fused";
+        EXPECT_TRUE(at_floor(comp, e.y, e.scale, dt)) << fop_name(op) << " composed";
+        EXPECT_EQ(fused[0], op == FOp::Softmax ? 0.0 : -inf);
+      }
     }
   }
 }
@@ -513,18 +519,51 @@ TEST_P(FusedSpecial, NormConstantRowsAndGroups) {
                                  9, true, 2);
         p.x = Tensor::full(p.x.shape(), c, dt);
         const Expected e = reference(p);
-        const std::vector<double> got = values(run_public(p, false));
-        for (double v : got) ASSERT_TRUE(std::isfinite(v)) << fop_name(op);
-        EXPECT_TRUE(at_floor(got, e.y, e.scale, dt)) << fop_name(op) << " fused";
-        EXPECT_TRUE(at_floor(values(run_public(p, true)), e.y, e.scale, dt))
-            << fop_name(op) << " composed";
-        if (op != FOp::RmsNorm && c == 1.5) {  // the mean is exact: y is b to the bit
-          const std::vector<double> b = values(p.b);
-          const size_t P = b.size(), S = op == FOp::GroupNorm ? D : 1;
-          for (size_t i = 0; i < got.size(); ++i)
-            ASSERT_EQ(got[i], b[(i / S) % P]) << fop_name(op) << " at " << i;
+        for (Device dev : test_devices()) {
+          SCOPED_TRACE(dev.to_string());
+          Problem pd = p;
+          pd.x = p.x.to_device(dev);
+          if (p.w.defined()) pd.w = p.w.to_device(dev);
+          if (p.b.defined()) pd.b = p.b.to_device(dev);
+          const std::vector<double> got = values(run_public(pd, false));
+          for (double v : got) ASSERT_TRUE(std::isfinite(v)) << fop_name(op);
+          EXPECT_TRUE(at_floor(got, e.y, e.scale, dt)) << fop_name(op) << " fused";
+          EXPECT_TRUE(at_floor(values(run_public(pd, true)), e.y, e.scale, dt))
+              << fop_name(op) << " composed";
+          if (op != FOp::RmsNorm && c == 1.5) {  // the mean is exact: y is b to the bit
+            const std::vector<double> b = values(p.b);
+            const size_t P = b.size(), S = op == FOp::GroupNorm ? D : 1;
+            for (size_t i = 0; i < got.size(); ++i)
+              ASSERT_EQ(got[i], b[(i / S) % P]) << fop_name(op) << " at " << i;
+          }
         }
       }
+    }
+  }
+}
+
+TEST_P(FusedSpecial, NormNaNInputMakesItsRowNaN) {
+  // A NaN in x makes its row's (group's) statistics and every output of the row NaN, and leaves
+  // the other rows as they were: the stores round NaN as round_to does (cuda/vec_io.cuh).
+  const DType dt = GetParam();
+  for (FOp op : {FOp::RmsNorm, FOp::LayerNorm, FOp::GroupNorm}) {
+    Problem p = make_problem(op, dt, op == FOp::GroupNorm ? Shape({2, 4, 40}) : Shape({3, 80}),
+                             4, true, 2);
+    std::vector<double> x = values(p.x);
+    x[5] = std::numeric_limits<double>::quiet_NaN();
+    p.x = Tensor::from_vector(x, p.x.shape()).to_dtype(dt);
+    const Expected e = reference(p);
+    for (Device dev : test_devices()) {
+      SCOPED_TRACE(dev.to_string());
+      Problem pd = p;
+      pd.x = p.x.to_device(dev);
+      if (p.w.defined()) pd.w = p.w.to_device(dev);
+      if (p.b.defined()) pd.b = p.b.to_device(dev);
+      const std::vector<double> got = values(run_public(pd, false));
+      EXPECT_TRUE(at_floor(got, e.y, e.scale, dt)) << fop_name(op);
+      for (size_t i = 0; i < 80; ++i) ASSERT_TRUE(std::isnan(got[i])) << fop_name(op) << " at " << i;
+      for (size_t i = 80; i < got.size(); ++i)
+        ASSERT_TRUE(std::isfinite(got[i])) << fop_name(op) << " at " << i;
     }
   }
 }

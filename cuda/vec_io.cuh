@@ -1,0 +1,131 @@
+// vec_io.cuh: the loads and stores of the fused kernels (softmax.cu, norm.cu): storage values
+// widened to the compute type C = compute_t<T>, and C values rounded once to T at the store,
+// one element or one 16-byte vector (kVec<T> elements) at a time.
+//
+// Rounding: round_to<T>'s bits for every value (portable.h, the contract every device keeps).
+// For bf16/f16 the hardware conversions give those bits for every value but NaN (the hardware
+// writes its canonical NaN, round_to keeps the sign and payload, quieted), so NaN goes through
+// round_to and everything else through cvt.rn (two values per instruction in a vector store):
+// the bit-by-bit portable routine costs about seven integer instructions per element, which made
+// the half-type kernels bound by instruction issue, not by memory. Vector stores test the whole
+// vector for NaN once (kMayNaN); a caller whose values cannot be NaN says so (kMayNaN = false)
+// and skips the test.
+// Widening: bf16 is its f32's high half (one shift or mask per element); f16 through cvt
+// (exact, as widen).
+// What it is not: alignment decisions (the kernels check 16-byte alignment on the host) or
+// element-wise fallbacks over partial vectors (each kernel family guards its own bounds).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "taper/portable.h"
+
+namespace taper::cuda {
+
+/// Elements of one 16-byte vector.
+template <class T> inline constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+
+/// A storage value in the compute type (exact).
+template <class T> __device__ __forceinline__ compute_t<T> load_c(T v) {
+  if constexpr (std::is_same_v<T, f16>) return __half2float(__ushort_as_half(v.bits));
+  else if constexpr (std::is_same_v<T, bf16>) return __uint_as_float(uint32_t{v.bits} << 16);
+  else return widen(v);
+}
+
+/// A compute value rounded once to T (round_to's bits). kMayNaN = false: v is not NaN.
+template <class T, bool kMayNaN = true> __device__ __forceinline__ T store_c(compute_t<T> v) {
+  if constexpr (is_half_v<T>) {
+    if (kMayNaN && v != v) return round_to<T>(v);
+    if constexpr (std::is_same_v<T, f16>)
+      return f16::from_bits(__half_as_ushort(__float2half_rn(v)));
+    else return bf16::from_bits(__bfloat16_as_ushort(__float2bfloat16_rn(v)));
+  } else {
+    return round_to<T>(v);
+  }
+}
+
+/// Two f32 values, neither NaN, rounded once to the half type T and packed (a in the low half):
+/// one cvt.rn.bf16x2.f32 / cvt.rn.f16x2.f32.
+template <class T> __device__ __forceinline__ uint32_t pack_half2(float a, float b) {
+  uint32_t w;
+  if constexpr (std::is_same_v<T, bf16>) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    memcpy(&w, &h, 4);
+  } else {
+    const __half2 h = __floats2half2_rn(a, b);
+    memcpy(&w, &h, 4);
+  }
+  return w;
+}
+
+/// The kVec<T> values of one 16-byte word, widened.
+template <class T>
+__device__ __forceinline__ void widen16(const uint4& w, compute_t<T> (&v)[kVec<T>]) {
+  if constexpr (is_half_v<T>) {
+    const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (std::is_same_v<T, bf16>) {
+        v[2 * i] = __uint_as_float(u[i] << 16);
+        v[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+      } else {
+        __half2 h;
+        memcpy(&h, &u[i], 4);
+        const float2 f = __half22float2(h);
+        v[2 * i] = f.x;
+        v[2 * i + 1] = f.y;
+      }
+    }
+  } else {
+    T e[kVec<T>];
+    memcpy(&e[0], &w, 16);
+#pragma unroll
+    for (int l = 0; l < kVec<T>; ++l) v[l] = e[l];
+  }
+}
+
+/// One aligned 16-byte vector at p, widened. kLast: the data's last use (evict-first);
+/// otherwise through the read-only path.
+template <bool kLast, class T>
+__device__ __forceinline__ void load16(const T* p, compute_t<T> (&v)[kVec<T>]) {
+  const uint4 w = kLast ? __ldcs(reinterpret_cast<const uint4*>(p))
+                        : __ldg(reinterpret_cast<const uint4*>(p));
+  widen16<T>(w, v);
+}
+
+/// One aligned 16-byte vector at p, each value rounded once (round_to's bits). kLast: streaming
+/// store. kMayNaN = false: no value is NaN (no test).
+template <bool kLast, bool kMayNaN, class T>
+__device__ __forceinline__ void store16(T* p, const compute_t<T> (&v)[kVec<T>]) {
+  uint4 w;
+  if constexpr (is_half_v<T>) {
+    bool nan = false;
+    if constexpr (kMayNaN) {
+#pragma unroll
+      for (int l = 0; l < kVec<T>; ++l) nan |= v[l] != v[l];
+    }
+    if (__builtin_expect(nan, 0)) {
+      T e[kVec<T>];
+#pragma unroll
+      for (int l = 0; l < kVec<T>; ++l) e[l] = round_to<T>(v[l]);
+      memcpy(&w, &e[0], 16);
+    } else {
+      w = make_uint4(pack_half2<T>(v[0], v[1]), pack_half2<T>(v[2], v[3]),
+                     pack_half2<T>(v[4], v[5]), pack_half2<T>(v[6], v[7]));
+    }
+  } else {
+    T e[kVec<T>];
+#pragma unroll
+    for (int l = 0; l < kVec<T>; ++l) e[l] = v[l];
+    memcpy(&w, &e[0], 16);
+  }
+  if (kLast) __stcs(reinterpret_cast<uint4*>(p), w);
+  else *reinterpret_cast<uint4*>(p) = w;
+}
+
+}  // namespace taper::cuda
