@@ -50,6 +50,51 @@ void GradStore::accumulate(const Tensor& t, const Tensor& g) {
     it->second = it->second + g;
 }
 
+namespace {
+/// The nodes reachable from `root`'s node, each after every node it takes inputs from
+/// (post-order DFS with an explicit stack, so a 100 000-op chain is fine); ends with the root's
+/// node. The vector holds the nodes alive while their consumers release their inputs.
+std::vector<std::shared_ptr<Node>> topo_order(const std::shared_ptr<Node>& root) {
+  std::vector<std::shared_ptr<Node>> order;
+  std::unordered_set<Node*> seen;
+  std::vector<std::pair<std::shared_ptr<Node>, size_t>> stack;
+  stack.emplace_back(root, 0);
+  seen.insert(root.get());
+  while (!stack.empty()) {
+    auto& [node, next] = stack.back();
+    TAPER_CHECK(!node->released, "backward: the graph was already released by an earlier "
+                                 "backward(); run the forward again");
+    if (next < node->inputs.size()) {
+      const Tensor& in = node->inputs[next++];
+      if (!in.defined()) continue;
+      const std::shared_ptr<Node>& child = in.impl_ptr()->grad_fn;
+      if (child && seen.insert(child.get()).second) stack.emplace_back(child, 0);
+    } else {
+      order.push_back(node);
+      stack.pop_back();
+    }
+  }
+  return order;
+}
+
+/// A leaf of the graph: a tensor that tracks gradients and was made by no recorded op (a Var,
+/// or the graph's snapshot of one: the same identity).
+bool is_leaf(const Tensor& in) {
+  return in.defined() && in.tracks_grad() && !in.impl_ptr()->grad_fn;
+}
+}  // namespace
+
+std::vector<uint64_t> graph_leaves(const Tensor& root) {
+  if (!root.defined() || !root.tracks_grad()) return {};
+  if (!root.impl_ptr()->grad_fn) return {root.id()};
+  std::vector<uint64_t> ids;
+  std::unordered_set<uint64_t> seen;
+  for (const auto& node : topo_order(root.impl_ptr()->grad_fn))
+    for (const Tensor& in : node->inputs)
+      if (is_leaf(in) && seen.insert(in.id()).second) ids.push_back(in.id());
+  return ids;
+}
+
 void GradStore::insert(const Tensor& t, const Tensor& g) { grads_[t.id()] = g; }
 void GradStore::remove(const Tensor& t) { grads_.erase(t.id()); }
 
@@ -59,7 +104,9 @@ GradStore Tensor::backward() const {
   return backward(Tensor::ones(shape(), dtype(), device()));  // checks the dtype
 }
 
-GradStore Tensor::backward(const Tensor& root_grad) const {
+GradStore Tensor::backward(const Tensor& root_grad) const { return backward(root_grad, nullptr); }
+
+GradStore Tensor::backward(const Tensor& root_grad, const GradReadyFn& on_ready) const {
   TAPER_CHECK(is_float(dtype()), "backward: needs a float tensor, got ", dtype_name(dtype()));
   TAPER_CHECK(root_grad.defined(), "backward: the upstream gradient is an undefined Tensor");
   TAPER_CHECK(root_grad.shape() == shape() && root_grad.dtype() == dtype() &&
@@ -72,33 +119,26 @@ GradStore Tensor::backward(const Tensor& root_grad) const {
   if (!tracks_grad()) return store;
   if (!impl_ptr()->grad_fn) {  // the root is itself a leaf
     store.insert(*this, root_grad);
+    if (on_ready) on_ready(*this, root_grad);
     return store;
   }
 
-  // Post-order DFS with an explicit stack; `order` ends with the root's node.
-  // `order` holds the nodes alive while their consumers release their inputs.
-  std::vector<std::shared_ptr<Node>> order;
-  {
-    std::unordered_set<Node*> seen;
-    std::vector<std::pair<std::shared_ptr<Node>, size_t>> stack;
-    const std::shared_ptr<Node>& root = impl_ptr()->grad_fn;
-    stack.emplace_back(root, 0);
-    seen.insert(root.get());
-    while (!stack.empty()) {
-      auto& [node, next] = stack.back();
-      TAPER_CHECK(!node->released, "backward: the graph was already released by an earlier "
-                                   "backward(); run the forward again");
-      if (next < node->inputs.size()) {
-        const Tensor& in = node->inputs[next++];
-        if (!in.defined()) continue;
-        const std::shared_ptr<Node>& child = in.impl_ptr()->grad_fn;
-        if (child && seen.insert(child.get()).second) stack.emplace_back(child, 0);
-      } else {
-        order.push_back(node);
-        stack.pop_back();
-      }
-    }
-  }
+  const std::vector<std::shared_ptr<Node>> order = topo_order(impl_ptr()->grad_fn);
+
+  // For on_ready: how many edges of the graph still lead into each leaf. A leaf is complete
+  // once every node that takes it has run or been skipped.
+  // The graph holds snapshots of the Vars it read (registry.cpp's record) under the Vars'
+  // identities: counting and reporting go by id(), the key GradStore uses too.
+  std::unordered_map<uint64_t, size_t> leaf_edges;
+  if (on_ready)
+    for (const auto& node : order)
+      for (const Tensor& in : node->inputs)
+        if (is_leaf(in)) ++leaf_edges[in.id()];
+  auto edge_done = [&](const Tensor& in) {
+    if (!on_ready || !is_leaf(in)) return;
+    if (--leaf_edges[in.id()] != 0) return;
+    if (const auto g = store.get(in)) on_ready(in, *g);
+  };
 
   std::unordered_map<Node*, std::vector<Tensor>> pending;
   pending[impl_ptr()->grad_fn.get()].resize(op_def(impl_ptr()->grad_fn->op).n_out);
@@ -108,7 +148,10 @@ GradStore Tensor::backward(const Tensor& root_grad) const {
   for (size_t k = order.size(); k-- > 0;) {
     Node* node = order[k].get();
     auto it = pending.find(node);
-    if (it == pending.end()) continue;
+    if (it == pending.end()) {  // no gradient reached this node
+      for (const Tensor& in : node->inputs) edge_done(in);
+      continue;
+    }
     std::vector<Tensor> grad_out = std::move(it->second);
     pending.erase(it);
     const OpDef& def = op_def(node->op);
@@ -129,6 +172,7 @@ GradStore Tensor::backward(const Tensor& root_grad) const {
         store.accumulate(in, grads[i]);
       }
     }
+    for (const Tensor& in : node->inputs) edge_done(in);
     // Release what the node saved: the graph's memory goes as backward proceeds.
     node->released = true;
     std::vector<Tensor> drop_in = std::move(node->inputs);

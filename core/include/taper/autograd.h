@@ -56,6 +56,11 @@ class NoGradGuard {
   bool prev_;
 };
 
+/// The identities (Tensor::id) of the leaves `root`'s graph reaches, each once: the tensors
+/// whose gradient root.backward() may compute (a path of ops whose backward gives no gradient
+/// still counts). Data parallelism asks it before backward which parameters a step used.
+std::vector<uint64_t> graph_leaves(const Tensor& root);
+
 /// The backward rule of `op`, registered in core/src/backward.cpp.
 BwdFn backward_rule(OpId op);
 

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <memory>
 #include <optional>
@@ -29,6 +30,10 @@ namespace taper {
 
 struct Node;
 class GradStore;
+class Tensor;
+/// Called by backward once a leaf's gradient is complete (no later node adds to it), with the
+/// leaf and its gradient: data parallelism starts reducing it while backward goes on.
+using GradReadyFn = std::function<void(const Tensor& leaf, const Tensor& grad)>;
 
 /// The shared state behind a Tensor handle.
 struct TensorImpl {
@@ -331,6 +336,9 @@ class Tensor {
   /// dtype and device), as PyTorch's `y.backward(grad)`: the vector-Jacobian product of the graph.
   /// Error when `grad` is undefined or differs in shape, dtype or device.
   GradStore backward(const Tensor& grad) const;
+  /// backward(grad) that calls `on_ready` for each leaf as soon as its gradient is complete, in
+  /// the order backward completes them (leaves no gradient reaches are not called).
+  GradStore backward(const Tensor& grad, const GradReadyFn& on_ready) const;
 
  private:
   const TensorImpl& impl() const {
