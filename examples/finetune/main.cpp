@@ -11,25 +11,43 @@
 // (linear probing, then fine-tuning), so the gain over the baseline is the encoder's.
 // `--bench-forward` instead times the encoder's forward (sentences/s), `--bench-train` a training
 // step (ms per step, tokens/s, peak device memory).
+// Data parallelism: `--nproc N` starts N processes of this program (torchrun's variables: RANK,
+// WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT); a process started so (by it or by any
+// launcher that sets WORLD_SIZE) joins a taper::dist group (NCCL on GPUs, cuda:LOCAL_RANK; TCP
+// on the CPU), takes its share of each global batch (rows split as evenly as they go, each
+// rank's loss weighted by its share, so the averaged gradient is the global batch's), and
+// averages gradients with nn::DistributedDataParallel. Rank 0 logs and writes checkpoints; a
+// checkpoint resumes on any N (the batch order is global). Without WORLD_SIZE nothing changes.
 // What it is not: a general trainer; the task, the model and the head are fixed here.
 // Shape letters: B batch, T tokens, E hidden size, C classes.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <map>
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "examples/finetune/bert.h"
 #include "examples/finetune/data.h"
 #include "examples/finetune/tokenizer.h"
+#include "taper/dist.h"
+#include "taper/nn/ddp.h"
 #include "taper/nn/loss.h"
 #include "taper/nn/optim.h"
 #include "taper/nn/safetensors.h"
@@ -73,6 +91,7 @@ struct Flags {
   size_t test_limit = 0;  // 0: the whole test set
   bool bench_forward = false;
   bool bench_train = false;
+  size_t nproc = 0;  // 0: this process alone (or as a launcher's rank)
   std::set<std::string> given;  // flags set on the command line
 };
 
@@ -115,6 +134,11 @@ first a baseline (frozen encoder + trained linear head), then the whole model.
                         of 20 steps after 3 warm-up steps (--steps N: N steps), and print ms
                         per step, tokens/s, the step's peak device memory, its kernel
                         calls and a per-op profile of two more steps
+  --nproc N             data parallelism: start N processes of this program (one per GPU
+                        with --device cuda, cuda:0..N-1; threads split between them on the
+                        CPU), each with 1/N of every batch; rank 0 logs and checkpoints.
+                        A process that finds WORLD_SIZE set (torchrun's variables) joins
+                        such a job by itself
   --help                this text
 )";
 
@@ -183,6 +207,7 @@ Flags parse_flags(int argc, char** argv) {
     else if (arg == "--test-limit") f.test_limit = to_u64(next());
     else if (arg == "--bench-forward") f.bench_forward = true;
     else if (arg == "--bench-train") f.bench_train = true;
+    else if (arg == "--nproc") f.nproc = to_u64(next());
     else usage_error("unknown flag '" + arg + "'");
     if (has_value && arg == "--bench-forward") usage_error("--bench-forward takes no value");
     if (has_value && arg == "--bench-train") usage_error("--bench-train takes no value");
@@ -197,6 +222,11 @@ Flags parse_flags(int argc, char** argv) {
   if (f.log_every == 0) f.log_every = 1;
   if (f.eval_batch == 0) usage_error("--eval-batch must be > 0");
   if (f.words == 0) usage_error("--words must be > 0");
+  if (f.given.count("--nproc") && (f.nproc == 0 || f.nproc > 1024))
+    usage_error("--nproc must be in [1, 1024]");
+  if (f.nproc > 0 && dist::Env::launched())
+    usage_error("--nproc starts the processes itself: WORLD_SIZE is already set (a launcher "
+                "started this process); drop one of the two");
   return f;
 }
 
@@ -214,9 +244,10 @@ fs::path repo_root() {
 #endif
 }
 
-Device pick_device(const std::string& name) {
+/// The device of --device; a GPU is cuda:LOCAL_RANK (cuda:0 without a launcher).
+Device pick_device(const std::string& name, int local_rank) {
   if (name == "cpu") return Device::cpu();
-  if (name == "auto") return device_available(DeviceKind::Cuda) ? Device::cuda(0) : Device::cpu();
+  if (name == "auto" && !device_available(DeviceKind::Cuda)) return Device::cpu();
   try {
     device_backend(DeviceKind::Cuda);
   } catch (const Error&) {
@@ -224,7 +255,10 @@ Device pick_device(const std::string& name) {
                 "on a machine with nvcc)");
   }
   TAPER_CHECK(device_available(DeviceKind::Cuda), "--device cuda: no CUDA device is available");
-  return Device::cuda(0);
+  TAPER_CHECK(local_rank < device_count(DeviceKind::Cuda), "--device ", name, ": LOCAL_RANK ",
+              local_rank, " names cuda:", local_rank, ", but this host has ",
+              device_count(DeviceKind::Cuda), " GPU(s)");
+  return Device::cuda(local_rank);
 }
 
 std::string fmt(const char* f, double v) {
@@ -555,7 +589,8 @@ int bench_forward(const Flags& f, Device dev, DType dt, const fs::path& model_di
 /// cross entropy, backward and AdamW, ending when the loss is on the host (so the device's work
 /// of the step is done). Reports the median of --steps (default 20) after 3 warm-up steps, and
 /// the most device memory live tensors held during one step.
-int bench_train(const Flags& f, Device dev, DType dt, const fs::path& model_dir) {
+int bench_train(const Flags& f, Device dev, DType dt, const fs::path& model_dir,
+                const std::shared_ptr<dist::ProcessGroup>& group) {
   nn::manual_seed(f.seed);
   BertConfig config = BertConfig::from_json_file(model_dir / "config.json");
   config.hidden_dropout_prob = f.dropout;  // the fine-tuning run's step: --dropout, default off
@@ -565,6 +600,10 @@ int bench_train(const Flags& f, Device dev, DType dt, const fs::path& model_dir)
   model.to(dev);
   model.train();
   nn::AdamW opt(param_groups(model), nn::AdamWOptions(f.lr).weight_decay(f.weight_decay));
+  // With a group, every rank runs --batch rows (a weak-scaling step) and averages gradients.
+  std::optional<nn::DistributedDataParallel> ddp;
+  if (group) ddp.emplace(model, group);
+  const size_t world = group ? static_cast<size_t>(group->world_size()) : 1;
   const size_t b = f.batch, t = f.seq_len;
   const Tensor ids = random_ids(b, t, f.seed, dev);
   const Tensor mask = Tensor::ones(Shape({b, t}), DType::U8, dev);
@@ -577,7 +616,7 @@ int bench_train(const Flags& f, Device dev, DType dt, const fs::path& model_dir)
     const auto t0 = Clock::now();
     const uint64_t k0 = kernel_calls(dev.kind());
     const Tensor loss = nn::cross_entropy(model.classify(model.embed(ids, mask)), labels);
-    GradStore g = loss.backward();
+    GradStore g = ddp ? ddp->backward(loss) : loss.backward();
     opt.step(g);
     host_s = since(t0);
     calls = kernel_calls(dev.kind()) - k0;
@@ -599,11 +638,15 @@ int bench_train(const Flags& f, Device dev, DType dt, const fs::path& model_dir)
   std::sort(host.begin(), host.end());
   const double med = times[times.size() / 2];
   const MemoryStats ms = memory_stats(dev);
+  if (world > 1)
+    std::printf("bench-train: %zu processes (%s), each batch %zu x seq %zu; tokens/s below are "
+                "all processes' (rank 0's step time)\n",
+                world, std::string(dist::backend_name(group->backend())).c_str(), b, t);
   std::printf("bench-train: MiniLM-L6 + head (%s, %s) batch %zu x seq %zu, %zu threads: median "
               "%.2f ms per step over %d steps (min %.2f) -> %.0f tokens/s; peak memory %.1f MiB "
               "(%.1f MiB of it weights and optimizer state); last loss %.4f\n",
               f.dtype.c_str(), dev.to_string().c_str(), b, t, taper::num_threads(), 1e3 * med,
-              reps, 1e3 * times.front(), static_cast<double>(b * t) / med,
+              reps, 1e3 * times.front(), static_cast<double>(world * b * t) / med,
               static_cast<double>(ms.peak) / (1 << 20), static_cast<double>(base) / (1 << 20),
               loss);
   // On a GPU the host enqueues and the device runs behind it: a host time close to the step's
@@ -618,8 +661,22 @@ int bench_train(const Flags& f, Device dev, DType dt, const fs::path& model_dir)
 
 int run(Flags f) {
   const auto t_start = Clock::now();
-  const Device dev = pick_device(f.device);
+  // A launcher's rank (WORLD_SIZE set): join the job before any work, so a bad launch fails fast.
+  const dist::Env env = dist::Env::from_environment();
+  const Device dev = pick_device(f.device, env.local_rank);
   if (f.threads) taper::set_num_threads(f.threads);
+  std::shared_ptr<dist::ProcessGroup> group;
+  if (dist::Env::launched()) {
+    dist::Options o;
+    o.env = env;
+    o.device = dev;
+    group = dist::init_process_group(o);
+    std::printf("dist: %d processes, %s backend, rank 0 on %s (rank 0 logs and checkpoints)\n",
+                group->world_size(), std::string(dist::backend_name(group->backend())).c_str(),
+                dev.to_string().c_str());
+  }
+  const int rank = group ? group->rank() : 0;
+  const int world = group ? group->world_size() : 1;
   const fs::path root = repo_root();
   const fs::path model_dir = f.model_dir.empty() ? root / ".models/all-MiniLM-L6-v2" : fs::path(f.model_dir);
   const fs::path data_dir = f.data_dir.empty()
@@ -632,7 +689,8 @@ int run(Flags f) {
 
   if (f.out.empty()) f.out = (root / "build/finetune/checkpoint.safetensors").string();
   if (f.bench_forward) return bench_forward(f, dev, f.dtype == "bf16" ? DType::BF16 : DType::F32, model_dir);
-  if (f.bench_train) return bench_train(f, dev, f.dtype == "bf16" ? DType::BF16 : DType::F32, model_dir);
+  if (f.bench_train)
+    return bench_train(f, dev, f.dtype == "bf16" ? DType::BF16 : DType::F32, model_dir, group);
 
   std::optional<safetensors::File> ckpt;
   if (!f.resume.empty()) ckpt = open_checkpoint(f);
@@ -687,6 +745,20 @@ int run(Flags f) {
   }
   // Each training step draws one mask per dropout module: the counters are the step.
   for (auto& d : model.bert->dropouts()) d->set_calls(static_cast<uint64_t>(start_step));
+  // Data parallelism: rank 0's parameters go to every rank; gradients are averaged.
+  std::optional<nn::DistributedDataParallel> ddp;
+  if (group) {
+    TAPER_CHECK(f.batch >= static_cast<size_t>(world), "--batch ", f.batch, " is smaller than the ",
+                world, " processes: every rank needs at least one passage per step");
+    ddp.emplace(model, group);
+  }
+  // This rank's rows of each global batch: [lo, lo + rows), shares as even as they go, and the
+  // weight of its mean loss so that the ranks' average is the global batch's mean.
+  const size_t per = f.batch / static_cast<size_t>(world), extra = f.batch % static_cast<size_t>(world);
+  const size_t r_ = static_cast<size_t>(rank);
+  const size_t rows = per + (r_ < extra ? 1 : 0), lo = r_ * per + std::min(r_, extra);
+  const double loss_weight =
+      static_cast<double>(rows * static_cast<size_t>(world)) / static_cast<double>(f.batch);
 
   const int64_t warmup = static_cast<int64_t>(std::ceil(f.warmup * static_cast<double>(f.steps)));
   const nn::WarmupLinearSchedule sched(f.lr, std::min(warmup, f.steps), f.steps);
@@ -704,20 +776,38 @@ int run(Flags f) {
                 static_cast<long long>(f.steps - start_step), f.batch, f.seq_len, f.lr,
                 static_cast<long long>(warmup), f.weight_decay, f.dropout);
   for (int64_t step = start_step; step < f.steps; ++step) {
-    const Batch b = train_b.make(order.batch(step, f.batch));
+    std::vector<size_t> idx = order.batch(step, f.batch);
+    if (ddp) idx = std::vector<size_t>(idx.begin() + static_cast<ptrdiff_t>(lo),
+                                       idx.begin() + static_cast<ptrdiff_t>(lo + rows));
+    const Batch b = train_b.make(idx);
     const double lr = sched.apply(opt);
     const Tensor loss = nn::cross_entropy(model.classify(model.embed(b.ids, b.mask)), b.labels);
-    GradStore g = loss.backward();
+    GradStore g = !ddp ? loss.backward()
+                       : ddp->backward(loss_weight == 1.0 ? loss : loss * loss_weight);
     opt.step(g);
-    // Summed on the device: the host reads the loss only for the progress line.
-    const Tensor l64 = loss.detach().to_dtype(DType::F64);
+    // Summed on the device: the host reads the loss only for the progress line. With ranks,
+    // each adds its share of the global batch's mean (summed over the ranks at the line).
+    const Tensor l64 = ddp ? loss.detach().to_dtype(DType::F64) *
+                                 (static_cast<double>(rows) / static_cast<double>(f.batch))
+                           : loss.detach().to_dtype(DType::F64);
     window_loss_t = window_loss_t.defined() ? window_loss_t + l64 : l64;
     ++window_n;
-    tokens += b.tokens;
     window_tokens += b.tokens;
     const int64_t done = step + 1;
     if (done % f.log_every == 0 || done == f.steps) {
-      window_loss = window_loss_t.item();
+      if (group) {  // every rank takes this branch at the same steps
+        const Tensor both = Tensor::cat(
+            {window_loss_t.reshape({1}),
+             Tensor::from_vector(std::vector<double>{static_cast<double>(window_tokens)}, Shape({1}), dev)},
+            0);
+        group->all_reduce(both, dist::ReduceOp::Sum);
+        const std::vector<double> v = both.to_vector<double>();
+        window_loss = v[0];
+        window_tokens = static_cast<size_t>(v[1]);
+      } else {
+        window_loss = window_loss_t.item();
+      }
+      tokens += window_tokens;
       window_loss_t = Tensor();
       const double el = since(t_train), w = since(t_window);
       const double per_step = el / static_cast<double>(done - start_step);
@@ -735,17 +825,18 @@ int run(Flags f) {
       t_window = Clock::now();
     }
     if (f.stop_after > 0 && done - start_step >= f.stop_after && done < f.steps) {
-      save_checkpoint(f.out, model, opt, f, done, baseline_acc, corpus.class_names.size());
+      if (rank == 0) save_checkpoint(f.out, model, opt, f, done, baseline_acc, corpus.class_names.size());
       std::printf("stopped after %lld steps at step %lld of %lld; checkpoint %s (continue with "
                   "--resume %s)\n",
                   static_cast<long long>(done - start_step), static_cast<long long>(done),
                   static_cast<long long>(f.steps), f.out.c_str(), f.out.c_str());
       return 0;
     }
-    if (f.save_every > 0 && done % f.save_every == 0 && done < f.steps)
+    if (rank == 0 && f.save_every > 0 && done % f.save_every == 0 && done < f.steps)
       save_checkpoint(f.out, model, opt, f, done, baseline_acc, corpus.class_names.size());
   }
   const double train_s = since(t_train);
+  if (rank != 0) return 0;  // rank 0 evaluates and writes the checkpoint
 
   const auto t_eval = Clock::now();
   const std::vector<size_t> test_idx = test_indices(corpus, f);
@@ -769,17 +860,129 @@ int run(Flags f) {
   return 0;
 }
 
+// ---- --nproc: the launcher ------------------------------------------------------------------------
+
+/// A TCP port of this host that was free a moment ago (the rendezvous's, unless MASTER_PORT is
+/// set).
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  TAPER_CHECK(fd >= 0, "--nproc: socket(): ", std::strerror(errno));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+                  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  close(fd);
+  TAPER_CHECK(ok, "--nproc: cannot find a free port: ", std::strerror(errno));
+  return ntohs(a.sin_port);
+}
+
+/// Starts `f.nproc` processes of this program with torchrun's variables (RANK, WORLD_SIZE,
+/// LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and the same flags less --nproc, waits for them, and
+/// stops the others when one fails. On the CPU without --threads or TAPER_NUM_THREADS, the
+/// cores are split between them.
+int launch(const Flags& f, int argc, char** argv) {
+  std::vector<std::string> args = {argv[0]};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--nproc") ++i;
+    else if (a.rfind("--nproc=", 0) != 0) args.push_back(a);
+  }
+  const char* port_env = std::getenv("MASTER_PORT");
+  const std::string port = port_env && *port_env ? port_env : std::to_string(free_port());
+  const char* addr_env = std::getenv("MASTER_ADDR");
+  const std::string addr = addr_env && *addr_env ? addr_env : "127.0.0.1";
+  const bool split_threads = f.device == "cpu" && !f.given.count("--threads") &&
+                             std::getenv("TAPER_NUM_THREADS") == nullptr;
+  const size_t threads = std::max<size_t>(1, std::thread::hardware_concurrency() / f.nproc);
+  std::vector<char*> cargs;
+  for (std::string& a : args) cargs.push_back(a.data());
+  cargs.push_back(nullptr);
+  // Each child's environment is built before fork: between fork and exec a child of a process
+  // with threads (OpenBLAS's, say) may only make async-signal-safe calls.
+  std::vector<std::vector<std::string>> envs(f.nproc);
+  std::vector<std::vector<char*>> envps(f.nproc);
+  for (size_t r = 0; r < f.nproc; ++r) {
+    const std::map<std::string, std::string> set = {
+        {"RANK", std::to_string(r)},        {"LOCAL_RANK", std::to_string(r)},
+        {"WORLD_SIZE", std::to_string(f.nproc)}, {"MASTER_ADDR", addr},
+        {"MASTER_PORT", port}};
+    for (char** e = environ; *e != nullptr; ++e) {
+      const std::string kv = *e;
+      if (!set.count(kv.substr(0, kv.find('=')))) envs[r].push_back(kv);
+    }
+    for (const auto& [k, v] : set) envs[r].push_back(k + "=" + v);
+    if (split_threads) envs[r].push_back("TAPER_NUM_THREADS=" + std::to_string(threads));
+    for (std::string& kv : envs[r]) envps[r].push_back(kv.data());
+    envps[r].push_back(nullptr);
+  }
+  std::fflush(nullptr);
+  std::vector<pid_t> pids;
+  for (size_t r = 0; r < f.nproc; ++r) {
+    const pid_t pid = fork();
+    if (pid < 0) {
+      const std::string err = std::strerror(errno);
+      for (pid_t p : pids) kill(p, SIGTERM);
+      throw Error("--nproc: fork() of rank " + std::to_string(r) + ": " + err);
+    }
+    if (pid == 0) {
+      execve("/proc/self/exe", cargs.data(), envps[r].data());
+      static const char msg[] = "finetune: --nproc: cannot start a rank (execve failed)\n";
+      (void)!write(2, msg, sizeof msg - 1);
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  std::printf("finetune: started %zu processes (MASTER_ADDR=%s MASTER_PORT=%s%s)\n", f.nproc,
+              addr.c_str(), port.c_str(),
+              split_threads ? (", " + std::to_string(threads) + " threads each").c_str() : "");
+  std::fflush(stdout);
+  int rc = 0;
+  size_t left = pids.size();
+  while (left > 0) {
+    int status = 0;
+    const pid_t pid = waitpid(-1, &status, 0);
+    if (pid < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    const auto it = std::find(pids.begin(), pids.end(), pid);
+    if (it == pids.end()) continue;
+    --left;
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (code != 0 && rc == 0) {
+      rc = code;
+      std::fprintf(stderr, "finetune: rank %td exited with status %d; stopping the others\n",
+                   it - pids.begin(), code);
+      for (pid_t other : pids)
+        if (other != pid) kill(other, SIGTERM);
+    }
+    *it = -1;
+  }
+  return rc;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   Flags f = parse_flags(argc, argv);
+  // A launcher's rank other than 0 keeps quiet on stdout: rank 0 logs (errors still go to
+  // stderr, with the rank).
+  std::string who = "finetune";
+  if (dist::Env::launched())
+    if (const char* r = std::getenv("RANK"); r != nullptr && std::string(r) != "0") {
+      who = std::string("finetune [rank ") + r + "]";
+      if (std::freopen("/dev/null", "w", stdout) == nullptr) std::perror("finetune: /dev/null");
+    }
   try {
+    if (f.nproc > 0) return launch(f, argc, argv);
     return run(f);
   } catch (const Error& e) {
-    std::fprintf(stderr, "finetune: error: %s\n", e.what());
+    std::fprintf(stderr, "%s: error: %s\n", who.c_str(), e.what());
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "finetune: error: %s\n", e.what());
+    std::fprintf(stderr, "%s: error: %s\n", who.c_str(), e.what());
     return 1;
   }
 }
