@@ -83,9 +83,10 @@ sockaddr_in resolve(const std::string& host, int port, int rank) {
 void tune_socket(int fd, double timeout_s) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  const double t = std::clamp(timeout_s, 0.0, 1.0e6);
   timeval tv{};
-  tv.tv_sec = static_cast<time_t>(std::min(timeout_s, 1.0e6));
-  tv.tv_usec = static_cast<suseconds_t>((timeout_s - static_cast<double>(tv.tv_sec)) * 1e6);
+  tv.tv_sec = static_cast<time_t>(t);
+  tv.tv_usec = static_cast<suseconds_t>((t - static_cast<double>(tv.tv_sec)) * 1e6);
   if (tv.tv_sec == 0 && tv.tv_usec == 0) tv.tv_usec = 1000;
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
 }
