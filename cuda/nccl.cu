@@ -12,8 +12,11 @@
 // The entry points are declared here (the ABI of NCCL 2.x: plain functions and C enums); where
 // the toolkit's nccl.h is found at build time, static_asserts check the values against it.
 // NVLink multicast stays off: NCCL_NVLS_ENABLE=0 is set before a communicator is made unless the
-// user set it. Collectives run on taper's stream of the group's device, so they are ordered with
-// every kernel of that device and Work::wait() needs no host wait. Every NCCL failure is a
+// user set it. all_reduce runs on a communication stream of its own, after the work queued on
+// taper's stream of the device so far (an event), so a reduction overlaps the kernels queued
+// after it (the rest of a backward); Work::wait() makes taper's stream wait for it (an event
+// again: no host wait), and so does dropping the Work unwaited, so the tensor's memory is never
+// reused while NCCL writes it. broadcast runs on taper's stream itself. Every NCCL failure is a
 // taper::Error naming the call, the rank, the device, the tensor's shape and dtype, and NCCL's
 // own message.
 // What it is not: the rendezvous or the TCP group (core/dist.cpp), or data parallelism
@@ -204,10 +207,16 @@ class NcclGroup final : public dist::ProcessGroup {
       rendezvous().broadcast_bytes(&id, sizeof id, "NCCL unique id");
     }
     stream(dev_.ordinal());  // makes the device current for the communicator
+    TAPER_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
     check(lib_.CommInitRank(&comm_, world_size(), id, rank()), "ncclCommInitRank", nullptr);
   }
 
   ~NcclGroup() override {
+    if (comm_stream_ != nullptr) {
+      stream(dev_.ordinal());
+      (void)cudaStreamSynchronize(comm_stream_);
+      (void)cudaStreamDestroy(comm_stream_);
+    }
     if (comm_ == nullptr) return;
     // A communicator that failed may have peers that never answer: abort instead of waiting.
     if (failed_) lib_.CommAbort(comm_);
@@ -219,12 +228,21 @@ class NcclGroup final : public dist::ProcessGroup {
 
   std::unique_ptr<dist::Work> all_reduce_async(const Tensor& t, dist::ReduceOp op) override {
     check_tensor(t, "all_reduce");
-    if (t.elem_count() > 0)
-      check(lib_.AllReduce(t.data_ptr(), t.data_ptr(), t.elem_count(), nccl_dtype(t.dtype()),
-                           op == dist::ReduceOp::Avg ? kNcclAvg : kNcclSum, comm_,
-                           stream(dev_.ordinal())),
-            "ncclAllReduce", &t);
-    return std::make_unique<Queued>(this);
+    auto work = std::make_unique<Queued>(this);
+    if (t.elem_count() == 0) return work;
+    const cudaStream_t s = stream(dev_.ordinal());
+    // The communication stream starts after what taper's stream holds now (t's producers).
+    cudaEvent_t ready = nullptr;
+    TAPER_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    TAPER_CUDA_CHECK(cudaEventRecord(ready, s));
+    TAPER_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, ready, 0));
+    TAPER_CUDA_CHECK(cudaEventDestroy(ready));  // released once the wait is satisfied
+    check(lib_.AllReduce(t.data_ptr(), t.data_ptr(), t.elem_count(), nccl_dtype(t.dtype()),
+                         op == dist::ReduceOp::Avg ? kNcclAvg : kNcclSum, comm_, comm_stream_),
+          "ncclAllReduce", &t);
+    TAPER_CUDA_CHECK(cudaEventCreateWithFlags(&work->done, cudaEventDisableTiming));
+    TAPER_CUDA_CHECK(cudaEventRecord(work->done, comm_stream_));
+    return work;
   }
 
   void broadcast(const Tensor& t, int root) override {
@@ -241,7 +259,7 @@ class NcclGroup final : public dist::ProcessGroup {
   /// it is done, at most the group's timeout: a dead peer is an Error, not a hang.
   void barrier() override {
     if (!token_.defined()) token_ = Tensor::zeros({1}, DType::F32, dev_);
-    all_reduce_async(token_, dist::ReduceOp::Sum);
+    all_reduce_async(token_, dist::ReduceOp::Sum)->wait();
     const cudaStream_t s = stream(dev_.ordinal());
     const double timeout = rendezvous().timeout_s();
     const auto t0 = std::chrono::steady_clock::now();
@@ -264,11 +282,26 @@ class NcclGroup final : public dist::ProcessGroup {
   }
 
  private:
-  /// Queued on the device's stream: what follows on that stream runs after it.
+  /// An all-reduce queued on the communication stream; `done` follows it there.
   struct Queued final : dist::Work {
     explicit Queued(NcclGroup* g) : g_(g) {}
-    void wait() override { g_->poll_async_error("all_reduce"); }
+    ~Queued() override {
+      if (done != nullptr) {  // never waited for: order taper's stream behind it all the same
+        (void)cudaStreamWaitEvent(stream(g_->dev_.ordinal()), done, 0);
+        (void)cudaEventDestroy(done);
+      }
+    }
+    /// What is queued on taper's stream from now on runs after the all-reduce.
+    void wait() override {
+      if (done != nullptr) {
+        TAPER_CUDA_CHECK(cudaStreamWaitEvent(stream(g_->dev_.ordinal()), done, 0));
+        TAPER_CUDA_CHECK(cudaEventDestroy(done));
+        done = nullptr;
+      }
+      g_->poll_async_error("all_reduce");
+    }
     NcclGroup* g_;
+    cudaEvent_t done = nullptr;
   };
 
   void check_tensor(const Tensor& t, const char* call) const {
@@ -308,6 +341,7 @@ class NcclGroup final : public dist::ProcessGroup {
   Device dev_;
   const Nccl& lib_;
   Comm comm_ = nullptr;
+  cudaStream_t comm_stream_ = nullptr;  ///< all_reduce's (see the top of this file)
   bool failed_ = false;
   Tensor token_;  ///< barrier()'s one element
 };

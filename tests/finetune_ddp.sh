@@ -27,7 +27,7 @@ run() {  # run NAME ARGS...: one invocation, its log printed when it fails
 }
 run one "${COMMON[@]}" --threads 2 --out "$DIR/one.safetensors"
 run two "${COMMON[@]}" --threads 1 --nproc 2 --out "$DIR/two.safetensors"
-grep -q "dist: 2 processes, tcp backend" "$DIR/two.log" || { echo "FAIL: no 2-process job"; cat "$DIR/two.log"; exit 1; }
+grep -q "dist: world size 2, tcp backend" "$DIR/two.log" || { echo "FAIL: no 2-process job"; cat "$DIR/two.log"; exit 1; }
 SKIP=(--skip attention.self.key.bias)
 losses() { grep -E '^step ' "$1" | awk '{print $2, $4}'; }
 if [ "$(losses "$DIR/one.log")" != "$(losses "$DIR/two.log")" ]; then

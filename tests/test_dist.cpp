@@ -430,6 +430,7 @@ TEST(Ddp, ModelsThatDifferAreAnErrorOnEveryRank) {
 
 TEST(CudaDist, NcclWorldSizeOneCollectivesAndDdp) {
   if (!device_available(DeviceKind::Cuda)) GTEST_SKIP() << "no CUDA device: NCCL test skipped";
+  const bool nvls_set_before = std::getenv("NCCL_NVLS_ENABLE") != nullptr;
   dist::Options o;
   o.backend = dist::Backend::Nccl;
   o.env = env_of(0, 1, free_port());
@@ -439,7 +440,12 @@ TEST(CudaDist, NcclWorldSizeOneCollectivesAndDdp) {
   EXPECT_EQ(g->device(), Device::cuda(0));
   EXPECT_EQ(g->rank(), 0);
   EXPECT_EQ(g->world_size(), 1);
-  if (const char* nvls = std::getenv("NCCL_NVLS_ENABLE")) EXPECT_STREQ(nvls, "0");
+  // NVLink multicast stays off unless the user asked for it.
+  const char* nvls = std::getenv("NCCL_NVLS_ENABLE");
+  ASSERT_NE(nvls, nullptr);
+  if (!nvls_set_before) {
+    EXPECT_STREQ(nvls, "0");
+  }
   for (DType dt : {DType::F32, DType::F64, DType::BF16, DType::F16, DType::I64, DType::U8}) {
     SCOPED_TRACE(dtype_name(dt));
     const Tensor host = rank_values(dt, 0, 4099).contiguous();

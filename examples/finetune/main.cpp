@@ -671,7 +671,7 @@ int run(Flags f) {
     o.env = env;
     o.device = dev;
     group = dist::init_process_group(o);
-    std::printf("dist: %d processes, %s backend, rank 0 on %s (rank 0 logs and checkpoints)\n",
+    std::printf("dist: world size %d, %s backend, rank 0 on %s (rank 0 logs and checkpoints)\n",
                 group->world_size(), std::string(dist::backend_name(group->backend())).c_str(),
                 dev.to_string().c_str());
   }

@@ -78,7 +78,9 @@ class ProcessGroup {
   /// The device whose tensors the group reduces (cuda:LOCAL_RANK for NCCL).
   virtual Device device() const = 0;
 
-  /// Starts `t <- op over ranks of t` and returns at once where the backend can overlap it.
+  /// Starts `t <- op over ranks of t` and returns at once where the backend can overlap it
+  /// (NCCL: on a stream of its own, after the work queued for `t`'s device so far). Keep `t`
+  /// alive and unread until the Work's wait().
   virtual std::unique_ptr<Work> all_reduce_async(const Tensor& t, ReduceOp op) = 0;
   /// all_reduce_async(t, op)->wait().
   void all_reduce(const Tensor& t, ReduceOp op = ReduceOp::Sum);
