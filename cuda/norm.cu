@@ -5,11 +5,15 @@
 //
 // What it is: one "row" abstraction, as on the CPU: a contiguous run of L elements with its own
 // statistics (rms/layer: a row of the last dim, L = D; group norm: the C/G channels x S positions
-// of one (n, group), contiguous in (N, C, S), L = C/G * S). Two plans:
+// of one (n, group), contiguous in (N, C, S), L = C/G * S). Three plans:
 //   rows: a group of tpr threads (a power of two; 256 / tpr groups per block when tpr < 256)
-//     holds a row in registers; forward (rms/layer/group) 16 values per thread (8 for f64), so
-//     L <= 16384 (8192 f64); rms/layer backward 8 values of x and of dy (4 for f64), D <= 4096
-//     (2048 f64), its dw/db column sums in shared memory. Each element is read once, written once.
+//     holds a row in registers; forward (rms/layer/group) 16 values per thread (8 for f64, 32
+//     for bf16/f16: 64 bytes each), so L <= 16384 (8192 f64); rms/layer backward 8 values of x
+//     and of dy (4 for f64), D <= 4096 (2048 f64), its dw/db column sums in shared memory. Each
+//     element is read once, written once.
+//   loops (forward): rows longer than a 256-thread group holds, of at most 32 KB, and at least
+//     128 of them: a block per row reads it in steps, three times, the second and third time
+//     from L2 (fwd_loop_kernel), so no row team needs more than one block.
 //   chunks: longer rows, fewer than 128 row blocks of rows >= 4096, and every group norm
 //     backward. A block's registers take one chunk (forward 4096 elements, 2048 f64; rms/layer
 //     backward 2048, 1024 f64); a later kernel merges the per-chunk partials in a fixed order:
@@ -25,6 +29,7 @@
 // (N, G). Kernels and the bytes they move (n elements of s bytes; w, b, statistics and
 // partials are small and go through L1/L2):
 //   fwd_rows_kernel         x -> y, mean, rstd                               2 n s
+//   fwd_loop_kernel         x -> y, mean, rstd (x read again from L2)        2 n s
 //   fwd_chunk_stats_kernel  x -> (mean, M2) per (row, chunk)                 n s
 //   fwd_merge_kernel        partials -> mean, rstd (rows of > 256 chunks)    -
 //   fwd_chunk_write_kernel  x, stats -> y (x again: from L2 when it fits)    2 n s
@@ -75,18 +80,27 @@ namespace {
 enum class Kind : int { kRms, kLayer, kGroup };
 
 constexpr int kBlock = 256;          ///< threads of the chunk kernels (and the rows' minimum)
-constexpr int kMaxRowThreads = 1024; ///< forward rows: threads per row at most
+/// Forward rows: threads per row at most (the half types' 32 values per thread need more
+/// registers than a 1024-thread block leaves: 512).
+template <class T> inline constexpr int kMaxRowThreads = is_half_v<T> ? 512 : 1024;
 constexpr int kBwdMaxThreads = 512;  ///< backward rows: threads per row at most
 constexpr int64_t kTargetBlocks = 1024;  ///< about one wave of a 132-SM H200; a constant, so
                                          ///< that plans (and the bits) do not depend on the device
 constexpr int64_t kBwdMaxBlocks = 512;   ///< backward rows: blocks, hence column-partial rows
 constexpr int64_t kMinRowBlocks = 128;   ///< fewer row blocks than this, on long rows: chunks
 constexpr int64_t kSplitMinLen = 4096;   ///< ... where "long" starts
+/// fwd_loop_kernel: rows of at most this many bytes. f32 rows of 64 KB ran slower than on the
+/// 1024-thread rows (H100, 4096x16384: rms 191.6 -> 202.7 us, layer 241.7 -> 263.6 us): their
+/// re-reads no longer all hit the L2.
+constexpr int64_t kLoopMaxBytes = 32 << 10;
 constexpr int64_t kInlineMerge = 256;    ///< more partials per row than this: a merge kernel
 constexpr int kColX = 32, kColY = 16;    ///< col_reduce: columns x fold lanes
 
 template <class T> inline constexpr int kV = kVec<T>;  ///< elements per 16-byte vector
-/// Vectors per thread: forward rows and every chunk kernel (16 values; 8 for f64) ...
+/// Vectors per thread of the forward loops (and rms rows): 64 bytes in flight per thread in
+/// every dtype (16 values; 8 for f64; 32 for the half types) ...
+template <class T> inline constexpr int kRowVecs = 4;
+/// ... and of every chunk kernel (16 values; 8 for f64) ...
 template <class T> inline constexpr int kFwdVecs = is_half_v<T> ? 2 : 4;
 /// ... and the rms/layer backward, which also keeps dy and two column sums (8 values; 4 f64).
 template <class T> inline constexpr int kBwdVecs = is_half_v<T> ? 1 : 2;
@@ -281,14 +295,14 @@ __device__ __forceinline__ void elem_affine(const compute_t<T> (&xv)[kV<T>],
 /// l + u * tpr, u < NV (tpr * NV * V >= L). Group norm (K == kGroup): row r's channels start at
 /// (r % G) * Cg, each S long.
 template <class T, Kind K, int NV>
-__global__ void __launch_bounds__(kMaxRowThreads)
+__global__ void __launch_bounds__(kMaxRowThreads<T>)
     fwd_rows_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                     T* __restrict__ y, compute_t<T>* __restrict__ mean,
                     compute_t<T>* __restrict__ rstd, int64_t R, int64_t L, int tpr_log2,
                     int64_t S, int64_t G, int64_t Cg, compute_t<T> eps, bool vec) {
   using C = compute_t<T>;
   constexpr int V = kV<T>;
-  __shared__ C red[kMaxRowThreads / 32];
+  __shared__ C red[kMaxRowThreads<T> / 32];
   const int tpr = 1 << tpr_log2;
   const int lane = static_cast<int>(threadIdx.x) & (tpr - 1);
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> tpr_log2) +
@@ -353,6 +367,119 @@ __global__ void __launch_bounds__(kMaxRowThreads)
       store_vec(y + off, i, L, vec, o);
     }
   }
+}
+
+/// Rows too long for a team of kBlock threads to hold (at most kLoopMaxBytes, 16-byte aligned,
+/// L % V == 0), many of them: block r takes row r and reads it in steps of kBlock kRowVecs
+/// vectors (thread t: vectors t + u kBlock of a step, as fwd_rows_kernel's lanes), three times:
+/// the sum (rms: of squares), the sum of (x - mean)^2 (layer/group; two-pass as everywhere),
+/// then y. Only the first read comes from memory: the row was read microseconds earlier and the
+/// rows of the blocks resident at once (132 SMs x 3 blocks x 32 KB at most, about 13 MB) stay in
+/// the L2, so the kernel moves the minimal 2 n s bytes. Each pass keeps the raw words of the next
+/// step in flight while it folds the current one (64 bytes per thread, 128 with the prefetch),
+/// and each thread sums into kRowVecs accumulators (one per vector slot, added in a fixed order
+/// at the end), so no chain of dependent adds holds the next loads back.
+/// fwd_loop_kernel's raw words of the step at lo: thread t's vectors u start at element
+/// lo + u kBlock V + t V (absent ones: zero bits, which widen to +0). kLast: the row's last
+/// read (evict-first, so the rows still to be re-read keep their L2 lines).
+template <bool kLast, int NV, class T>
+__device__ __forceinline__ void loop_load(const T* __restrict__ xr, int64_t lo, int64_t L,
+                                          uint4 (&r)[NV]) {
+#pragma unroll
+  for (int u = 0; u < NV; ++u) {
+    const int64_t i = lo + (static_cast<int64_t>(u) * kBlock + threadIdx.x) * kV<T>;
+    const uint4* p = reinterpret_cast<const uint4*>(xr + i);
+    r[u] = i < L ? (kLast ? __ldcs(p) : __ldg(p)) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+/// One pass of fwd_loop_kernel over a row: f(u, i, v) for each of the thread's vectors (i its
+/// first element, whole when i < L; v its values widened), the next step's words in flight.
+template <bool kLast, int NV, class T, class F>
+__device__ __forceinline__ void loop_pass(const T* __restrict__ xr, int64_t L, F&& f) {
+  using C = compute_t<T>;
+  constexpr int V = kV<T>;
+  constexpr int64_t step = static_cast<int64_t>(kBlock) * NV * V;
+  uint4 cur[NV], nxt[NV];
+  loop_load<kLast, NV>(xr, 0, L, cur);
+  for (int64_t lo = 0; lo < L; lo += step) {
+    if (lo + step < L) loop_load<kLast, NV>(xr, lo + step, L, nxt);
+#pragma unroll
+    for (int u = 0; u < NV; ++u) {
+      C v[V];
+      widen16<T>(cur[u], v);
+      f(u, lo + (static_cast<int64_t>(u) * kBlock + threadIdx.x) * V, v);
+    }
+#pragma unroll
+    for (int u = 0; u < NV; ++u) cur[u] = nxt[u];
+  }
+}
+
+/// The block's total of a thread's NV accumulators (added in slot order, then group_sum).
+template <int NV, class C> __device__ __forceinline__ C loop_fold(const C (&acc)[NV], C* red) {
+  C s[1] = {acc[0]};
+#pragma unroll
+  for (int u = 1; u < NV; ++u) s[0] += acc[u];
+  group_sum(s, kBlock, red);
+  return s[0];
+}
+
+template <class T, Kind K>
+__global__ void __launch_bounds__(kBlock, 3)
+    fwd_loop_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+                    T* __restrict__ y, compute_t<T>* __restrict__ mean,
+                    compute_t<T>* __restrict__ rstd, int64_t L, int64_t S, int64_t G,
+                    int64_t Cg, compute_t<T> eps) {
+  using C = compute_t<T>;
+  constexpr int V = kV<T>, NV = kRowVecs<T>;
+  __shared__ C red[kBlock / 32];
+  const int64_t row = blockIdx.x;  // the grid is R blocks
+  const T* xr = x + row * L;
+  T* yr = y + row * L;
+  C acc[NV];
+#pragma unroll
+  for (int u = 0; u < NV; ++u) acc[u] = C(0);
+  loop_pass<false, NV>(xr, L, [&](int u, int64_t, const C (&v)[V]) {  // absent: zeros
+#pragma unroll
+    for (int l = 0; l < V; ++l) {
+      if constexpr (K == Kind::kRms) acc[u] = fma(v[l], v[l], acc[u]);
+      else acc[u] += v[l];
+    }
+  });
+  C mu = C(0), var;
+  if constexpr (K == Kind::kRms) {
+    var = loop_fold(acc, red) / static_cast<C>(L);
+  } else {
+    mu = loop_fold(acc, red) / static_cast<C>(L);
+#pragma unroll
+    for (int u = 0; u < NV; ++u) acc[u] = C(0);
+    loop_pass<false, NV>(xr, L, [&](int u, int64_t i, const C (&v)[V]) {
+      if (i < L) {  // an absent vector would add mean^2
+#pragma unroll
+        for (int l = 0; l < V; ++l) {
+          const C d = v[l] - mu;
+          acc[u] = fma(d, d, acc[u]);
+        }
+      }
+    });
+    var = loop_fold(acc, red) / static_cast<C>(L);
+  }
+  const C rs = rstd_of(var, eps);
+  if (threadIdx.x == 0) {
+    if constexpr (K != Kind::kRms) mean[row] = mu;
+    rstd[row] = rs;
+  }
+  const bool small = L <= 0xffffffffLL;
+  loop_pass<true, NV>(xr, L, [&](int, int64_t i, const C (&v)[V]) {
+    if (i < L) {
+      C o[V];
+      if constexpr (K == Kind::kGroup)
+        group_affine<T>(v, o, i, L, S, (row % G) * Cg, w, b, mu, rs, small);
+      else
+        elem_affine<T>(v, o, i, L, w, b, mu, rs, true);
+      store16<true, true>(yr + i, o);
+    }
+  });
 }
 
 /// Chunk statistics. x: (R, L) in chunks of cs = kBlock * kFwdVecs * V elements; block it =
@@ -1063,9 +1190,16 @@ struct Job {
   Tensor dw, db;  ///< backward outputs (undefined when not needed)
 };
 
+/// Vectors per thread of fwd_rows_kernel. The half types' rms rows take 32 values per thread
+/// (H200, bf16 16384x1024: 28.1 -> 24.9 us); their layer and group rows keep 16, which hold
+/// their registers to 57 (32 values took 86, two blocks per SM, and 36.1 -> 47.8 us).
+template <class T, Kind K> constexpr int row_vecs() {
+  return K == Kind::kRms ? kRowVecs<T> : kFwdVecs<T>;
+}
+
 template <class T, Kind K> void run_fwd(const Job& j) {
   using C = compute_t<T>;
-  constexpr int V = kV<T>, NVmax = kFwdVecs<T>;
+  constexpr int V = kV<T>, NVmax = row_vecs<T, K>();
   const T* x = static_cast<const T*>(j.x);
   const T* w = static_cast<const T*>(j.w);
   const T* b = static_cast<const T*>(j.b);
@@ -1077,7 +1211,14 @@ template <class T, Kind K> void run_fwd(const Job& j) {
                    (K == Kind::kGroup || ((!w || aligned16(w)) && (!b || aligned16(b))));
   const int64_t nv = ceil_div(j.L, V);
   const int tl = log2_for(nv, NVmax);
-  bool rows = (int64_t{1} << tl) <= kMaxRowThreads;
+  if (vec && (int64_t{1} << tl) > kBlock && j.R >= kMinRowBlocks &&
+      j.L * static_cast<int64_t>(sizeof(T)) <= kLoopMaxBytes) {
+    fwd_loop_kernel<T, K><<<grid1(j.name, j.R), kBlock, 0, j.st>>>(x, w, b, y, mean, rstd, j.L,
+                                                                    j.S, j.G, j.Cg, eps);
+    TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
+    return;
+  }
+  bool rows = (int64_t{1} << tl) <= kMaxRowThreads<T>;
   if (rows) {
     const int tpr = 1 << tl;
     const int threads = std::max(kBlock, tpr);
@@ -1093,7 +1234,7 @@ template <class T, Kind K> void run_fwd(const Job& j) {
       return;
     }
   }
-  constexpr int64_t cs = static_cast<int64_t>(kBlock) * NVmax * V;
+  constexpr int64_t cs = static_cast<int64_t>(kBlock) * kFwdVecs<T> * V;
   const int64_t nch = ceil_div(j.L, cs);
   const int64_t items = j.R * nch;
   Tensor hm, hm2;

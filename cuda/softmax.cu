@@ -48,8 +48,9 @@
 // Precision: C throughout (bf16/f16 widen exactly to f32; f64 is f64 with f64 constants, exp and
 // log), rounded once at the store: round_to<T>, or for bf16/f16 the hardware conversions, which
 // give round_to's bits for every value but NaN (NaN goes through round_to; cuda/vec_io.cuh).
-// exp is the CUDA library's expf / exp (2 ulp, 1 ulp; --fmad=false leaves its own fmas alone),
-// with results below the smallest normal (x - m below ln FLT_MIN, resp. ln DBL_MIN)
+// exp is the CUDA library's expf / exp (2 ulp, 1 ulp; --fmad=false leaves its own fmas alone)
+// for f32 and f64 data, and for bf16/f16 data the hardware's ex2.approx (exp_ns_half: a few f32
+// ulp, far below the half types' rounding), with results below the smallest normal (x - m below ln FLT_MIN, resp. ln DBL_MIN)
 // flushed to 0 as the CPU's ExpNoSubnormal does. The CPU's MulAdd / NegMulAdd are fmas here too
 // (sum dy * y, dy - y * sum dy).
 // Special values as the CPU: a row with a NaN, an all -inf row or a row holding +inf gives NaN
@@ -133,6 +134,28 @@ __device__ __forceinline__ double exp_ns(double t) {
       : "=d"(r)
       : "d"(t), "d"(-0x1.6232bdd7abcd3p+9), "d"(e));
   return r;
+}
+
+/// exp_ns for the half types' f32 values: 2^(t log2 e) through the hardware's ex2.approx.ftz,
+/// the product t log2 e taken with log2 e split in two (hi + lo, one fma), so the result is
+/// within a few f32 ulp of expf's (a relative 2^-21 or so): at most a ten-thousandth of a bf16
+/// or f16 half-ulp, so it moves a rounded value by one unit only when the exact value lies that
+/// close to a rounding boundary. Three instructions where expf takes about ten, which made the
+/// half-type softmax bound by instruction issue. The flush below ln FLT_MIN is exp_ns's; f32 and
+/// f64 data keep exp_ns (expf / exp), since their outputs keep those bits.
+__device__ __forceinline__ float exp_ns_half(float t) {
+  const float z = fmaf(t, 0x1.715476p+0f, t * 0x1.4ae0c0p-26f);
+  float e, r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(z));
+  asm("{\n\t.reg .pred p;\n\tsetp.lt.f32 p, %1, %2;\n\tselp.f32 %0, 0f00000000, %3, p;\n\t}"
+      : "=f"(r)
+      : "f"(t), "f"(-0x1.5d58ap+6f), "f"(e));
+  return r;
+}
+/// exp(t) for t <= 0 of a softmax over T data, with exp_ns's flush (exp_ns_half for bf16/f16).
+template <class T> __device__ __forceinline__ compute_t<T> exp_y(compute_t<T> t) {
+  if constexpr (is_half_v<T>) return exp_ns_half(t);
+  else return exp_ns(t);
 }
 
 template <class C> __device__ __forceinline__ C inf_c() {
@@ -348,7 +371,7 @@ __device__ __forceinline__ void onchip_row(const RowArgs<T>& a, int64_t row, boo
       for (int k = 0; k < NV; ++k)
 #pragma unroll
         for (int l = 0; l < V; ++l) {
-          const C e = exp_ns(v[k][l] - m);
+          const C e = exp_y<T>(v[k][l] - m);
           if constexpr (!is_log(K)) v[k][l] = e;
           s += e;
         }
@@ -395,7 +418,7 @@ __device__ __forceinline__ void onchip_row(const RowArgs<T>& a, int64_t row, boo
       for (int k = 0; k < NV; ++k)
 #pragma unroll
         for (int l2 = 0; l2 < V; ++l2) {
-          y[k][l2] = exp_ns((y[k][l2] - m) - l);
+          y[k][l2] = exp_y<T>((y[k][l2] - m) - l);
           s = fma_c(y[k][l2], g[k][l2], s);
         }
       s = team.all_reduce(s, AddOp{}, 0);
@@ -420,7 +443,7 @@ __device__ __forceinline__ void onchip_row(const RowArgs<T>& a, int64_t row, boo
         write_row<false, true, T, NV>(outr, xr, n, t, G, kAl, [&](int, int, C) { return nanv; });
       } else {
         write_row<true, true, T, NV>(outr, xr, n, t, G, kAl, [&](int k, int l2, C xv) {
-          return fma_c(-exp_ns((xv - m) - l), s, g[k][l2]);
+          return fma_c(-exp_y<T>((xv - m) - l), s, g[k][l2]);
         });
       }
     }
@@ -522,7 +545,7 @@ __device__ __forceinline__ void stream_row(const RowArgs<T>& a, int64_t row,
 #pragma unroll
         for (int u = 0; u < NU; ++u)
 #pragma unroll
-          for (int l = 0; l < V; ++l) cs += exp_ns(v[u][l] - mm);
+          for (int l = 0; l < V; ++l) cs += exp_y<T>(v[u][l] - mm);
         acc.s = acc.s * exp_c(acc.m - mm) + cs;  // acc.m = -inf: 0 * 0
         acc.m = mm;
       } else {
@@ -553,7 +576,7 @@ __device__ __forceinline__ void stream_row(const RowArgs<T>& a, int64_t row,
         for (int u = 0; u < NU; ++u)
 #pragma unroll
           for (int l = 0; l < V; ++l)
-            o[u][l] = is_log(K) ? (o[u][l] - m) - lse : exp_ns(o[u][l] - m) * inv;
+            o[u][l] = is_log(K) ? (o[u][l] - m) - lse : exp_y<T>(o[u][l] - m) * inv;
         store_step<false, NU>(outr, D, j, hi, B, kAl, o);  // an ok row: no NaN (onchip_row)
       } else {
 #pragma unroll
@@ -579,7 +602,7 @@ __device__ __forceinline__ void stream_row(const RowArgs<T>& a, int64_t row,
 #pragma unroll
         for (int u = 0; u < NU; ++u)
 #pragma unroll
-          for (int l2 = 0; l2 < V; ++l2) s = fma_c(exp_ns((y[u][l2] - m) - l), g[u][l2], s);
+          for (int l2 = 0; l2 < V; ++l2) s = fma_c(exp_y<T>((y[u][l2] - m) - l), g[u][l2], s);
       } else {
 #pragma unroll
         for (int u = 0; u < NU; ++u)
@@ -598,7 +621,7 @@ __device__ __forceinline__ void stream_row(const RowArgs<T>& a, int64_t row,
         for (int u = 0; u < NU; ++u)
 #pragma unroll
           for (int l2 = 0; l2 < V; ++l2) {
-            const C y = exp_ns((o[u][l2] - m) - l);
+            const C y = exp_y<T>((o[u][l2] - m) - l);
             o[u][l2] = K == Kind::kBwd ? y * (g[u][l2] - s) : fma_c(-y, s, g[u][l2]);
           }
       } else {
