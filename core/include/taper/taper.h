@@ -8,6 +8,7 @@
 
 #include "taper/autograd.h"  // GradStore, NoGradGuard, the graph node
 #include "taper/device.h"    // Device, DeviceBackend, synchronize, num_threads
+#include "taper/dist.h"      // taper::dist: process groups (NCCL, TCP) of data parallelism
 #include "taper/dtype.h"     // DType, bf16 / f16, dtype traits
 #include "taper/error.h"     // Error, TAPER_CHECK, TAPER_ASSERT
 #include "taper/op.h"        // the op registry: OpId, dispatch, ComposedOnlyGuard, profiling
