@@ -8,9 +8,10 @@
 // of one (n, group), contiguous in (N, C, S), L = C/G * S). Three plans:
 //   rows: a group of tpr threads (a power of two; 256 / tpr groups per block when tpr < 256)
 //     holds a row in registers; forward (rms/layer/group) 16 values per thread (8 for f64, 32
-//     for bf16/f16: 64 bytes each), so L <= 16384 (8192 f64); rms/layer backward 8 values of x
-//     and of dy (4 for f64), D <= 4096 (2048 f64), its dw/db column sums in shared memory. Each
-//     element is read once, written once.
+//     for bf16/f16 rms: 64 bytes each), so L <= 16384 (8192 f64); rms/layer backward 8 values
+//     of x and of dy (4 for f64), D <= 4096 (2048 f64), its dw/db column sums in registers (a
+//     thread's columns are the same on every row it takes) folded through shared memory at the
+//     end. Each element is read once, written once.
 //   loops (forward): rows longer than a 256-thread group holds, of at most 32 KB, and at least
 //     128 of them: a block per row reads it in steps, three times, the second and third time
 //     from L2 (fwd_loop_kernel), so no row team needs more than one block.
@@ -250,6 +251,11 @@ __device__ __forceinline__ void group_affine(const compute_t<T> (&xv)[kV<T>],
   int64_t next = (cl + 1) * S;
   C a = w ? rs * load_c(w[ch0 + cl]) : rs;
   C c = b ? load_c(b[ch0 + cl]) : C(0);
+  if (i + kV<T> <= hi && i + kV<T> <= next) {  // whole, in one channel: no per-element tests
+#pragma unroll
+    for (int l = 0; l < kV<T>; ++l) o[l] = fma(xv[l] - mu, a, c);
+    return;
+  }
 #pragma unroll
   for (int l = 0; l < kV<T>; ++l) {
     const int64_t e = i + l;
@@ -337,6 +343,14 @@ __global__ void __launch_bounds__(kMaxRowThreads<T>)
 #pragma unroll
     for (int u = 0; u < NV; ++u) {
       const int64_t i = (static_cast<int64_t>(u) * tpr + lane) * V;
+      if (i + V <= L) {  // whole: no per-element tests
+#pragma unroll
+        for (int l = 0; l < V; ++l) {
+          const C d = v[u][l] - mu;
+          m[0] = fma(d, d, m[0]);
+        }
+        continue;
+      }
 #pragma unroll
       for (int l = 0; l < V; ++l) {
         if (i + l < L) {  // an absent element would add mean^2
@@ -524,6 +538,14 @@ __global__ void __launch_bounds__(kBlock)
 #pragma unroll
     for (int u = 0; u < NV; ++u) {
       const int64_t i = lo + (static_cast<int64_t>(u) * kBlock + threadIdx.x) * V;
+      if (i + V <= hi) {  // whole: no per-element tests
+#pragma unroll
+        for (int l = 0; l < V; ++l) {
+          const C d = v[u][l] - mu;
+          m[0] = fma(d, d, m[0]);
+        }
+        continue;
+      }
 #pragma unroll
       for (int l = 0; l < V; ++l) {
         if (i + l < hi) {
@@ -647,26 +669,43 @@ __global__ void __launch_bounds__(kBlock)
 // ---- backward: rms and layer norm ------------------------------------------------------------
 
 /// The per-element backward of one vector: d = x - mean (0 where absent), u = dy * rho; adds
-/// u * w and q * w to s, and q, dy to the thread's column sums cw[l * stride], cb[l * stride]
-/// (shared memory, or null when not wanted); leaves d in xv and u in gv.
-template <class T, Kind K>
-__device__ __forceinline__ void bwd_vec(compute_t<T> (&xv)[kV<T>], compute_t<T> (&gv)[kV<T>],
-                                        const compute_t<T> (&wv)[kV<T>], int64_t i, int64_t n,
-                                        compute_t<T> mu, compute_t<T> rho, compute_t<T> (&s)[2],
-                                        compute_t<T>* cw, compute_t<T>* cb, int stride) {
+/// u * w and q * w to s, and q, dy to the thread's column sums cw, cb (registers: a thread's
+/// columns are the same on every row it takes); leaves d in xv and u in gv. kWhole: every
+/// element is present (no tests); else the elements from `valid` on are absent.
+template <bool kWhole, class T, Kind K>
+__device__ __forceinline__ void bwd_vec_n(compute_t<T> (&xv)[kV<T>], compute_t<T> (&gv)[kV<T>],
+                                          const compute_t<T> (&wv)[kV<T>], int valid,
+                                          compute_t<T> mu, compute_t<T> rho,
+                                          compute_t<T> (&s)[2], compute_t<T> (&cw)[kV<T>],
+                                          compute_t<T> (&cb)[kV<T>]) {
   using C = compute_t<T>;
 #pragma unroll
   for (int l = 0; l < kV<T>; ++l) {
-    const bool in = i + l < n;
+    const bool in = kWhole || l < valid;
     const C d = in ? xv[l] - mu : C(0);
     const C u = in ? gv[l] * rho : C(0);
     const C q = u * d;
     if constexpr (K == Kind::kLayer) s[0] = fma(u, wv[l], s[0]);
     s[1] = fma(q, wv[l], s[1]);
-    if (cw) cw[l * stride] += q;
-    if (cb) cb[l * stride] += in ? gv[l] : C(0);
+    cw[l] += q;
+    cb[l] += in ? gv[l] : C(0);
     xv[l] = d;
     gv[l] = u;
+  }
+}
+
+/// bwd_vec_n for the vector at element i of a run of n: whole vectors (every vector of an
+/// aligned row but those past its end) take the path without per-element tests.
+template <class T, Kind K>
+__device__ __forceinline__ void bwd_vec(compute_t<T> (&xv)[kV<T>], compute_t<T> (&gv)[kV<T>],
+                                        const compute_t<T> (&wv)[kV<T>], int64_t i, int64_t n,
+                                        compute_t<T> mu, compute_t<T> rho, compute_t<T> (&s)[2],
+                                        compute_t<T> (&cw)[kV<T>], compute_t<T> (&cb)[kV<T>]) {
+  if (i + kV<T> <= n) {
+    bwd_vec_n<true, T, K>(xv, gv, wv, kV<T>, mu, rho, s, cw, cb);
+  } else {
+    const int valid = i >= n ? 0 : static_cast<int>(n - i);
+    bwd_vec_n<false, T, K>(xv, gv, wv, valid, mu, rho, s, cw, cb);
   }
 }
 
@@ -703,14 +742,19 @@ template <class C, int E> __device__ __forceinline__ C* col_slot(C* cols, int a,
   return cols + (a * E + e) * static_cast<int>(blockDim.x) + threadIdx.x;
 }
 
-/// Zeroes the calling thread's column slots of the wanted arrays.
-template <class C, int E>
-__device__ __forceinline__ void zero_cols(C* cols, bool want_w, bool want_b) {
+/// Stores the calling thread's column sums (registers, E = NV V each) into its slots of the
+/// wanted arrays, for fold_cols.
+template <class C, int NV, int V>
+__device__ __forceinline__ void put_cols(C* cols, const C (&cw)[NV][V], const C (&cb)[NV][V],
+                                         bool want_w, bool want_b) {
+  constexpr int E = NV * V;
 #pragma unroll
-  for (int e = 0; e < E; ++e) {
-    if (want_w) *col_slot<C, E>(cols, 0, e) = C(0);
-    if (want_b) *col_slot<C, E>(cols, 1, e) = C(0);
-  }
+  for (int u = 0; u < NV; ++u)
+#pragma unroll
+    for (int l = 0; l < V; ++l) {
+      if (want_w) *col_slot<C, E>(cols, 0, u * V + l) = cw[u][l];
+      if (want_b) *col_slot<C, E>(cols, 1, u * V + l) = cb[u][l];
+    }
 }
 
 /// Array a's column sums -> p_row[lo + col]: group 0 (lanes of tpr threads) folds groups 1, 2...
@@ -739,8 +783,8 @@ __device__ __forceinline__ void fold_cols(C* cols, int a, C* __restrict__ p_row,
 /// Rows held in registers. x, dy, dx: (R, D); mean (layer), rstd: (R); pdw, pdb (or null):
 /// (gridDim.x, D) column partials. Groups of tpr threads as fwd_rows_kernel; the block's groups
 /// take rows blockIdx.x * gpb + g + k * gridDim.x * gpb, each thread summing q and dy of its
-/// columns over its rows in shared memory (dynamic: 2 * NV * V * blockDim.x values when a
-/// partial is wanted).
+/// columns over its rows in registers, then folded through shared memory (dynamic:
+/// 2 * NV * V * blockDim.x values when a partial is wanted).
 template <class T, Kind K, int NV>
 __global__ void __launch_bounds__(kBwdMaxThreads, 2)
     bwd_rows_kernel(const T* __restrict__ x, const T* __restrict__ w,
@@ -749,7 +793,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 2)
                     compute_t<T>* __restrict__ pdb, int64_t R, int64_t D, int tpr_log2,
                     compute_t<T> inv_d, bool vec) {
   using C = compute_t<T>;
-  constexpr int V = kV<T>, E = NV * V;
+  constexpr int V = kV<T>;
   __shared__ C red[kBwdMaxThreads / 32 * 2];
   extern __shared__ __align__(16) unsigned char cols_raw[];
   C* cols = reinterpret_cast<C*>(cols_raw);
@@ -758,7 +802,12 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 2)
   const int gpb = static_cast<int>(blockDim.x) >> tpr_log2;
   const int g = static_cast<int>(threadIdx.x) >> tpr_log2;
   const int lane = static_cast<int>(threadIdx.x) & (tpr - 1);
-  zero_cols<C, E>(cols, want_w, want_b);
+  C cw[NV][V], cb[NV][V];
+#pragma unroll
+  for (int u = 0; u < NV; ++u) {
+    zero_vec<T>(cw[u]);
+    zero_vec<T>(cb[u]);
+  }
   const int64_t step = static_cast<int64_t>(gridDim.x) * gpb;
   for (int64_t rb = static_cast<int64_t>(blockIdx.x) * gpb; rb < R; rb += step) {  // uniform
     const int64_t row = rb + g;
@@ -784,10 +833,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 2)
       const int64_t i = (static_cast<int64_t>(u) * tpr + lane) * V;
       C wv[V];
       load_w(w, i < D ? i : 0, D, vec, wv);
-      bwd_vec<T, K>(xv[u], gv[u], wv, i, active ? D : 0, mu, rho, s,
-                    want_w ? col_slot<C, E>(cols, 0, u * V) : nullptr,
-                    want_b ? col_slot<C, E>(cols, 1, u * V) : nullptr,
-                    static_cast<int>(blockDim.x));
+      bwd_vec<T, K>(xv[u], gv[u], wv, i, active ? D : 0, mu, rho, s, cw[u], cb[u]);
     }
     group_sum(s, tpr, red);
     const C kk = rho * rho * s[1] * inv_d;
@@ -806,7 +852,8 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 2)
     }
   }
   if (!want_w && !want_b) return;  // uniform
-  __syncthreads();  // every thread's column sums are final
+  put_cols(cols, cw, cb, want_w, want_b);
+  __syncthreads();  // every thread's column sums are in place
   const int64_t prow = static_cast<int64_t>(blockIdx.x) * D;
   if (want_w) fold_cols<C, NV, V>(cols, 0, pdw + prow, 0, D, tpr_log2);
   if (want_b) fold_cols<C, NV, V>(cols, 1, pdb + prow, 0, D, tpr_log2);
@@ -814,8 +861,9 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 2)
 
 /// Chunked sums. x, dy: (R, D) in chunks of cb = kBlock * kBwdVecs * V; block (c, k) takes chunk
 /// c of rows k, k + gridDim.y, ...: ps[(row * nch + c) * 2 + {0, 1}] = the chunk's sums of u w
-/// and q w; pdw, pdb (or null): (gridDim.y, D) column partials, summed in shared memory as in
-/// bwd_rows_kernel (one group of kBlock threads: dynamic 2 * kBwdVecs * V * kBlock values).
+/// and q w; pdw, pdb (or null): (gridDim.y, D) column partials, summed in registers and folded
+/// through shared memory as in bwd_rows_kernel (one group of kBlock threads: dynamic
+/// 2 * kBwdVecs * V * kBlock values).
 template <class T, Kind K>
 __global__ void __launch_bounds__(kBlock)
     bwd_chunk_sums_kernel(const T* __restrict__ x, const T* __restrict__ w,
@@ -825,7 +873,7 @@ __global__ void __launch_bounds__(kBlock)
                           compute_t<T>* __restrict__ pdb, int64_t R, int64_t D, int64_t nch,
                           bool vec) {
   using C = compute_t<T>;
-  constexpr int V = kV<T>, NV = kBwdVecs<T>, E = NV * V;
+  constexpr int V = kV<T>, NV = kBwdVecs<T>;
   constexpr int64_t cb = static_cast<int64_t>(kBlock) * NV * V;
   __shared__ C red[kBlock / 32 * 2];
   extern __shared__ __align__(16) unsigned char cols_raw[];
@@ -833,7 +881,12 @@ __global__ void __launch_bounds__(kBlock)
   const bool want_w = pdw != nullptr, want_b = pdb != nullptr;
   const int64_t c = blockIdx.x;
   const int64_t lo = c * cb, hi = dmin(D, lo + cb);
-  zero_cols<C, E>(cols, want_w, want_b);
+  C cw[NV][V], cbs[NV][V];
+#pragma unroll
+  for (int u = 0; u < NV; ++u) {
+    zero_vec<T>(cw[u]);
+    zero_vec<T>(cbs[u]);
+  }
   for (int64_t r = blockIdx.y; r < R; r += gridDim.y) {  // uniform
     const int64_t off = r * D;
     C xv[NV][V], gv[NV][V];
@@ -856,9 +909,7 @@ __global__ void __launch_bounds__(kBlock)
       const int64_t i = lo + (static_cast<int64_t>(u) * kBlock + threadIdx.x) * V;
       C wv[V];
       load_w(w, i < hi ? i : lo, hi, vec, wv);
-      bwd_vec<T, K>(xv[u], gv[u], wv, i, hi, mu, rho, s,
-                    want_w ? col_slot<C, E>(cols, 0, u * V) : nullptr,
-                    want_b ? col_slot<C, E>(cols, 1, u * V) : nullptr, kBlock);
+      bwd_vec<T, K>(xv[u], gv[u], wv, i, hi, mu, rho, s, cw[u], cbs[u]);
     }
     group_sum(s, kBlock, red);
     if (threadIdx.x == 0) {
@@ -869,6 +920,7 @@ __global__ void __launch_bounds__(kBlock)
   // One group per block: fold_cols reads only the thread's own slots (the barrier keeps its
   // contract all the same).
   if (!want_w && !want_b) return;  // uniform
+  put_cols(cols, cw, cbs, want_w, want_b);
   __syncthreads();
   const int64_t prow = static_cast<int64_t>(blockIdx.y) * D;
   if (want_w) fold_cols<C, NV, V>(cols, 0, pdw + prow, lo, hi, 8);
@@ -952,6 +1004,25 @@ __global__ void __launch_bounds__(kBlock)
 /// = (n * C + ch) * P + p, taken by a group of tpu threads (blockDim.x / tpu items per block):
 /// pu[item] = sum(u), pq[item] = sum(q), pdy[item] (or null) = sum(dy) over the piece, with the
 /// statistics of (n, ch / Cg).
+/// gn_bwd_sums_kernel's sums of one vector: s += (u, u d, dy), u = dy rho, d = x - mean; the
+/// elements from `valid` on are absent (kWhole: none is, and nothing is tested).
+template <bool kWhole, class T>
+__device__ __forceinline__ void gn_sums_vec(const compute_t<T> (&xv)[kV<T>],
+                                            const compute_t<T> (&gv)[kV<T>], int valid,
+                                            compute_t<T> mu, compute_t<T> rho,
+                                            compute_t<T> (&s)[3]) {
+  using C = compute_t<T>;
+#pragma unroll
+  for (int l = 0; l < kV<T>; ++l) {
+    const bool in = kWhole || l < valid;
+    const C d = in ? xv[l] - mu : C(0);
+    const C u = in ? gv[l] * rho : C(0);
+    s[0] += u;
+    s[1] = fma(u, d, s[1]);
+    s[2] += gv[l];  // 0 where absent
+  }
+}
+
 template <class T>
 __global__ void __launch_bounds__(kBlock)
     gn_bwd_sums_kernel(const T* __restrict__ x, const T* __restrict__ dy,
@@ -994,14 +1065,10 @@ __global__ void __launch_bounds__(kBlock)
 #pragma unroll
     for (int k = 0; k < NU; ++k) {
       const int64_t i = i0 + static_cast<int64_t>(k) * tpu * V;
-#pragma unroll
-      for (int l = 0; l < V; ++l) {
-        const bool in = i + l < hi;
-        const C d = in ? xv[k][l] - mu : C(0);
-        const C u = in ? gv[k][l] * rho : C(0);
-        s[0] += u;
-        s[1] = fma(u, d, s[1]);
-        s[2] += gv[k][l];  // 0 where absent
+      if (i + V <= hi) {
+        gn_sums_vec<true, T>(xv[k], gv[k], V, mu, rho, s);
+      } else {
+        gn_sums_vec<false, T>(xv[k], gv[k], i >= hi ? 0 : static_cast<int>(hi - i), mu, rho, s);
       }
     }
   }
@@ -1068,6 +1135,16 @@ __global__ void __launch_bounds__(kBlock)
       int64_t cl = run_of(i, S, small);
       int64_t next = (cl + 1) * S;
       C wc = w ? load_c(w[ch0 + cl]) : C(1);
+      if (i + V <= hi && i + V <= next) {  // whole, in one channel: no per-element tests
+#pragma unroll
+        for (int l = 0; l < V; ++l) {
+          const C t = fma(xv[l] - mu, -kk, -cc);
+          const C uu = gv[l] * rho;
+          o[l] = w ? fma(uu, wc, t) : uu + t;
+        }
+        store_vec(dx + off, i, hi, vec, o);
+        continue;
+      }
 #pragma unroll
       for (int l = 0; l < V; ++l) {
         const int64_t e = i + l;
