@@ -7,8 +7,8 @@
 // and broadcast on every float dtype and the integers, against a host sum in rank order in the
 // compute type, bit-identical on every rank; DDP's buckets, its averaged gradients over 2 and
 // 3 ranks (bit-identical on every rank, equal to the average of the ranks' own gradients), and
-// unused parameters (Error on every rank, or zeros). CudaDist.* runs the NCCL group at world
-// size 1 on cuda:0 (skips where no GPU is present).
+// unused parameters (Error on every rank, or zeros); asking for NCCL without a GPU is an Error.
+// CudaDist.* runs the NCCL group at world size 1 on cuda:0 (skips where no GPU is present).
 // What it is not: a multi-GPU test (one process per GPU, tests/finetune_ddp.sh's CPU form is
 // the multi-process one).
 #include <arpa/inet.h>
@@ -305,6 +305,17 @@ TEST(DistTcp, APeerThatLeavesIsAnErrorNotAHang) {
   EXPECT_TRUE(contains(err[0], "all_reduce") && contains(err[0], "rank 0") &&
               contains(err[0], "rank 1"))
       << err[0];
+}
+
+TEST(DistNccl, WithoutAGpuIsAnErrorNamingTheRank) {
+  if (device_available(DeviceKind::Cuda)) GTEST_SKIP() << "a GPU is present (CudaDist.* runs NCCL)";
+  dist::Options o;
+  o.backend = dist::Backend::Nccl;
+  o.env = env_of(0, 1, free_port());
+  const std::string msg = error_of([&] { dist::init_process_group(o); });
+  // A build without the CUDA backend, or one with it on a machine without a GPU.
+  EXPECT_TRUE(contains(msg, "rank 0") && (contains(msg, "CUDA backend") || contains(msg, "GPU")))
+      << msg;
 }
 
 // ---- DistributedDataParallel ------------------------------------------------------------------------
