@@ -15,6 +15,9 @@
 //   loops (forward): rows longer than a 256-thread group holds, of at most 32 KB, and at least
 //     128 of them: a block per row reads it in steps, three times, the second and third time
 //     from L2 (fwd_loop_kernel), so no row team needs more than one block.
+//   clusters (forward): aligned rows of 64 to 512 KB, enough for 256 blocks (group norm's large
+//     groups): a cluster of 2 to 8 blocks per row holds it in shared memory, 64 KB a block
+//     (fwd_cluster_kernel); read once, written once.
 //   chunks: longer rows, fewer than 128 row blocks of rows >= 4096, and every group norm
 //     backward. A block's registers take one chunk (forward 4096 elements, 2048 f64; rms/layer
 //     backward 2048, 1024 f64); a later kernel merges the per-chunk partials in a fixed order:
@@ -31,6 +34,7 @@
 // partials are small and go through L1/L2):
 //   fwd_rows_kernel         x -> y, mean, rstd                               2 n s
 //   fwd_loop_kernel         x -> y, mean, rstd (x read again from L2)        2 n s
+//   fwd_cluster_kernel      x -> y, mean, rstd (x held in shared memory)     2 n s
 //   fwd_chunk_stats_kernel  x -> (mean, M2) per (row, chunk)                 n s
 //   fwd_merge_kernel        partials -> mean, rstd (rows of > 256 chunks)    -
 //   fwd_chunk_write_kernel  x, stats -> y (x again: from L2 when it fits)    2 n s
@@ -61,6 +65,8 @@
 // order by a later kernel); no floating-point atomics: the same bits on every run.
 // Empty inputs: nothing is launched; rows of length 0 get NaN statistics (all-ones bits, as
 // 0 / 0 on the CPU); dw/db over zero rows are zeros.
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -94,6 +100,14 @@ constexpr int64_t kSplitMinLen = 4096;   ///< ... where "long" starts
 /// 1024-thread rows (H100, 4096x16384: rms 191.6 -> 202.7 us, layer 241.7 -> 263.6 us): their
 /// re-reads no longer all hit the L2.
 constexpr int64_t kLoopMaxBytes = 32 << 10;
+constexpr int kClusterThreads = 512;      ///< fwd_cluster_kernel: threads per block ...
+constexpr int64_t kSliceBytes = 64 << 10;  ///< ... and the most bytes of a row each block holds
+/// Blocks per row at most: 8, the portable cluster size (H100, f32 group norm (16, 32, 256,
+/// 256)/8 in clusters of 16: 157.0 -> 172.6 us, slower than the chunks) ...
+constexpr int kMaxCluster = 8;
+/// ... and at least this many blocks in all: fewer leave most SMs idle (H100, (1, 16, 256, 256)/4
+/// bf16 in 32 blocks: 13.6 -> 20.4 us).
+constexpr int64_t kMinClusterBlocks = 256;
 constexpr int64_t kInlineMerge = 256;    ///< more partials per row than this: a merge kernel
 constexpr int kColX = 32, kColY = 16;    ///< col_reduce: columns x fold lanes
 
@@ -494,6 +508,115 @@ __global__ void __launch_bounds__(kBlock, 3)
       store16<true, true>(yr + i, o);
     }
   });
+}
+
+/// A cluster's total of one value per block: block totals through distributed shared memory,
+/// folded in rank order by every block (the same bits in each). `slot` (this block's shared
+/// word for this reduction) must not be reused while another block may still read it.
+template <class C>
+__device__ __forceinline__ C cluster_total(C v, C* red, C* slot) {
+  namespace cg = cooperative_groups;
+  C s[1] = {v};
+  group_sum(s, static_cast<int>(blockDim.x), red);
+  if (threadIdx.x == 0) *slot = s[0];
+  cg::cluster_group cl = cg::this_cluster();
+  cl.sync();  // release / acquire: every block's total is visible
+  C t = *cl.map_shared_rank(slot, 0);
+  for (unsigned k = 1; k < cl.num_blocks(); ++k) t += *cl.map_shared_rank(slot, static_cast<int>(k));
+  return t;
+}
+
+/// Rows longer than 64 KB and at most kMaxCluster x 64 KB (16-byte aligned, L % V == 0), enough
+/// of them for kMinClusterBlocks blocks: a cluster of cs blocks per row (group norm's large
+/// groups, above all), block k holding the k-th slice of `slice` vectors in shared memory. The row is read from memory once (each
+/// thread's vectors loaded in one batch, all in flight together), the sum (rms: of squares) and
+/// then the sum of (x - mean)^2 are taken from shared memory and added over the cluster in rank
+/// order, and y is written from shared memory: 2 n s bytes, where the chunk plan read x twice
+/// (H100, bf16 group norm forward (16, 512, 64, 64)/32 103.3 -> 76.4 us, (16, 32, 256, 256)/8
+/// 111.8 -> 94.4 us; f32 (16, 512, 64, 64)/32 150.1 -> 135.3 us).
+template <class T, Kind K>
+__global__ void __launch_bounds__(kClusterThreads)
+    fwd_cluster_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+                       T* __restrict__ y, compute_t<T>* __restrict__ mean,
+                       compute_t<T>* __restrict__ rstd, int64_t L, int64_t S, int64_t G,
+                       int64_t Cg, compute_t<T> eps, int64_t slice) {
+  namespace cg = cooperative_groups;
+  using C = compute_t<T>;
+  constexpr int V = kV<T>, B = kClusterThreads, U = kSliceBytes / 16 / kClusterThreads;
+  extern __shared__ uint4 held[];  // this block's slice, raw
+  __shared__ C red[B / 32];
+  __shared__ C slots[2];  // this block's totals: the sum, then the sum of squares about the mean
+  cg::cluster_group cl = cg::this_cluster();
+  const int64_t row = blockIdx.x / cl.num_blocks();
+  const int64_t nvec = L / V;
+  const int64_t v0 = static_cast<int64_t>(cl.block_rank()) * slice;
+  const int64_t n = v0 < nvec ? (nvec - v0 < slice ? nvec - v0 : slice) : 0;  // this slice's
+  const uint4* xr = reinterpret_cast<const uint4*>(x + row * L) + v0;
+  const int t = static_cast<int>(threadIdx.x);
+  // Thread t holds vectors t + u B (u < U) of the slice: one batch of loads.
+  C acc = C(0);
+  {
+    uint4 r[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t k = t + static_cast<int64_t>(u) * B;
+      r[u] = k < n ? __ldcs(xr + k) : make_uint4(0, 0, 0, 0);  // read once: evict-first
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t k = t + static_cast<int64_t>(u) * B;
+      if (k < n) held[k] = r[u];
+      C v[V];
+      widen16<T>(r[u], v);  // absent: zeros
+#pragma unroll
+      for (int l = 0; l < V; ++l) acc = K == Kind::kRms ? fma(v[l], v[l], acc) : acc + v[l];
+    }
+  }
+  const C total = cluster_total(acc, red, &slots[0]);
+  C mu = C(0), var;
+  if constexpr (K == Kind::kRms) {
+    var = total / static_cast<C>(L);
+  } else {
+    mu = total / static_cast<C>(L);
+    C m = C(0);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t k = t + static_cast<int64_t>(u) * B;
+      if (k < n) {
+        C v[V];
+        widen16<T>(held[k], v);
+#pragma unroll
+        for (int l = 0; l < V; ++l) {
+          const C d = v[l] - mu;
+          m = fma(d, d, m);
+        }
+      }
+    }
+    var = cluster_total(m, red, &slots[1]) / static_cast<C>(L);
+  }
+  cl.barrier_arrive();  // this block's last read of another's slots is done
+  const C rs = rstd_of(var, eps);
+  if (cl.block_rank() == 0 && t == 0) {
+    if constexpr (K != Kind::kRms) mean[row] = mu;
+    rstd[row] = rs;
+  }
+  const bool small = L <= 0xffffffffLL;
+  T* yr = y + row * L;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int64_t k = t + static_cast<int64_t>(u) * B;
+    if (k < n) {
+      const int64_t i = (v0 + k) * V;
+      C v[V], o[V];
+      widen16<T>(held[k], v);
+      if constexpr (K == Kind::kGroup)
+        group_affine<T>(v, o, i, L, S, (row % G) * Cg, w, b, mu, rs, small);
+      else
+        elem_affine<T>(v, o, i, L, w, b, mu, rs, true);
+      store16<true, true>(yr + i, o);
+    }
+  }
+  cl.barrier_wait();  // no block leaves while another may still read its slots
 }
 
 /// Chunk statistics. x: (R, L) in chunks of cs = kBlock * kFwdVecs * V elements; block it =
@@ -1267,6 +1390,51 @@ struct Job {
   Tensor dw, db;  ///< backward outputs (undefined when not needed)
 };
 
+/// The cluster configuration of `kernel` (blocks of `threads`, `smem` bytes of dynamic shared
+/// memory) for cs blocks per cluster.
+inline cudaLaunchConfig_t cluster_config(cudaLaunchAttribute& attr, int64_t blocks, int threads, int cs,
+                                  size_t smem, cudaStream_t st, const char* name) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid1(name, blocks));
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  attr = {};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(cs);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
+/// The most blocks per cluster (a power of two <= kMaxCluster) fwd_cluster_kernel<T, K> runs with
+/// on this process's GPUs (0: none), found once: its shared memory limit raised to kSliceBytes,
+/// and a cluster of that size resident with a full slice.
+template <class T, Kind K> int cluster_limit() {
+  static const int limit = [] {
+    auto kernel = &fwd_cluster_kernel<T, K>;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(kSliceBytes)) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    for (int cs = kMaxCluster; cs >= 2; cs /= 2) {
+      cudaLaunchAttribute attr;
+      const cudaLaunchConfig_t cfg = cluster_config(attr, cs, kClusterThreads, cs,
+                                                    static_cast<size_t>(kSliceBytes), nullptr,
+                                                    "norm cluster probe");
+      int clusters = 0;
+      if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0)
+        return cs;
+      (void)cudaGetLastError();
+    }
+    return 0;
+  }();
+  return limit;
+}
+
 /// Vectors per thread of fwd_rows_kernel. The half types' rms rows take 32 values per thread
 /// (H200, bf16 16384x1024: 28.1 -> 24.9 us); their layer and group rows keep 16, which hold
 /// their registers to 57 (32 values took 86, two blocks per SM, and 36.1 -> 47.8 us).
@@ -1294,6 +1462,25 @@ template <class T, Kind K> void run_fwd(const Job& j) {
                                                                     j.S, j.G, j.Cg, eps);
     TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
     return;
+  }
+  const int64_t row_bytes = j.L * static_cast<int64_t>(sizeof(T));
+  if (vec && row_bytes > kSliceBytes && row_bytes <= kMaxCluster * kSliceBytes) {
+    int cs = 2;
+    while (cs * kSliceBytes < row_bytes) cs *= 2;
+    if (j.R * cs >= kMinClusterBlocks && cs <= cluster_limit<T, K>()) {
+      const int64_t slice = ceil_div(ceil_div(j.L, V), cs);  // vectors per block
+      cudaLaunchAttribute attr;
+      const cudaLaunchConfig_t cfg = cluster_config(attr, j.R * cs, kClusterThreads, cs,
+                                                    static_cast<size_t>(slice) * 16, j.st, j.name);
+      const cudaError_t e = cudaLaunchKernelEx(&cfg, &fwd_cluster_kernel<T, K>, x, w, b, y, mean,
+                                               rstd, j.L, j.S, j.G, j.Cg, eps, slice);
+      if (e != cudaSuccess) {
+        (void)cudaGetLastError();  // not left behind for the next launch's check
+        throw_cuda_error(e, "cudaLaunchKernelEx", __FILE__, __LINE__, j.name);
+      }
+      TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
+      return;
+    }
   }
   bool rows = (int64_t{1} << tl) <= kMaxRowThreads<T>;
   if (rows) {

@@ -1764,7 +1764,8 @@ TEST_P(CudaFusedForward, OnGpuMatchesCpuKernelComposedFormAndReference) {
   if (op == FOp::GroupNorm) {
     shapes = {{Shape({3, 4}), 4},         {Shape({2, 6, 7}), 3},    {Shape({1, 8, 33}), 2},
               {Shape({2, 4, 10, 100}), 2}, {Shape({1, 6, 4099}), 3}, {Shape({67, 4, 7}), 2},
-              {Shape({1, 2, 40000}), 1}, {Shape({64, 4, 3000}), 2}};  // the last: looped rows
+              {Shape({1, 2, 40000}), 1}, {Shape({64, 4, 3000}), 2},  // looped rows
+              {Shape({64, 4, 16400}), 2}};  // a cluster of 2 to 8 blocks per group
   } else {
     for (size_t D : {1, 7, 33, 1000, 4099})
       for (size_t R : {1, 67}) shapes.push_back({Shape({R, D}), 1});
@@ -1774,6 +1775,7 @@ TEST_P(CudaFusedForward, OnGpuMatchesCpuKernelComposedFormAndReference) {
     shapes.push_back({Shape({130, 8000}), 1});
     shapes.push_back({Shape({130, 4000}), 1});  // f64's loop
     shapes.push_back({Shape({129, 6001}), 1});  // unaligned: not looped
+    shapes.push_back({Shape({128, 32776}), 1});  // a cluster of blocks per row (2 to 8)
   }
   if (op == FOp::GroupNorm) shapes.push_back({Shape({1, 16, 128, 129}), 4});  // few large groups
   uint64_t seed = 100;
