@@ -5,9 +5,11 @@
 # their logs to $OUT:
 #   test       the CUDA suites and the device-aware CPU ones (TEST_FILTER overrides)
 #   all-tests  the whole suite
-#   sanitize   compute-sanitizer memcheck (SANITIZE_FILTER) and racecheck (RACECHECK_FILTER)
-#   bench      bench_cuda (primitives JSON; the fused table CSV), PyTorch / torch.compile / Liger
-#              (scripts/bench_fused_torch.py) and the rendered benchmarks-h200.md
+#   sanitize   compute-sanitizer memcheck (SANITIZE_FILTER) and racecheck (RACECHECK_FILTER);
+#              SANITIZE_TOOLS picks them (default "memcheck racecheck")
+#   bench      bench_cuda (primitives JSON, unless BENCH_PRIMITIVES=0; the fused table CSV),
+#              PyTorch / torch.compile / Liger (scripts/bench_fused_torch.py; BENCH_TORCH=0: none)
+#              and the rendered benchmarks-h200.md
 #   finetune   the main job for 20 steps on the GPU, then on the CPU (MODEL_DIR)
 #   main       the whole main job on the GPU (seeds 1, 2) and a GPU -> CPU resume
 #   profile    the SASS of softmax.cu and norm.cu (cuobjdump), and ncu's counters of the fused
@@ -66,7 +68,7 @@ for step in "$@"; do
     sanitize)
       # racecheck is far slower than memcheck: by default it runs the suites whose kernels share
       # memory between threads (reductions, the fused ops' direct cases and f32 forwards, optim).
-      for tool in memcheck racecheck; do
+      for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
         filter=${SANITIZE_FILTER:-Cuda*}
         [ "$tool" = racecheck ] &&
           filter=${RACECHECK_FILTER:-CudaFused.*:CudaReduce.*:CudaOptim.*:Cuda/CudaFusedForward.*_f32_contiguous}
@@ -79,12 +81,14 @@ for step in "$@"; do
       done
       ;;
     bench)
-      log "bench_cuda (primitives)"
-      ./build/gpu/benches/bench_cuda --benchmark_min_time=0.2 --benchmark_repetitions=3 \
-        --benchmark_report_aggregates_only=true --benchmark_out="$OUT/bench_cuda.json" \
-        --benchmark_out_format=json >"$OUT/bench_cuda.txt" 2>&1
-      log "bench_cuda rc=$?"
-      grep -E "median" "$OUT/bench_cuda.txt" | head -20
+      if [ "${BENCH_PRIMITIVES:-1}" = 1 ]; then
+        log "bench_cuda (primitives)"
+        ./build/gpu/benches/bench_cuda --benchmark_min_time=0.2 --benchmark_repetitions=3 \
+          --benchmark_report_aggregates_only=true --benchmark_out="$OUT/bench_cuda.json" \
+          --benchmark_out_format=json >"$OUT/bench_cuda.txt" 2>&1
+        log "bench_cuda rc=$?"
+        grep -E "median" "$OUT/bench_cuda.txt" | head -20
+      fi
       log "bench_cuda --fused-table"
       ./build/gpu/benches/bench_cuda --fused-table "$OUT/fused_taper.csv" 2>"$OUT/fused_taper.log"
       log "fused table rc=$?"
@@ -97,8 +101,9 @@ for step in "$@"; do
         log "bench_fused_torch rc=$?"
       fi
       T=(); [ -s "$OUT/fused_torch.csv" ] && T=(--torch "$OUT/fused_torch.csv")
+      [ -s "$OUT/bench_cuda.json" ] && T+=(--json "$OUT/bench_cuda.json")
       python3 scripts/h200_report.py --taper "$OUT/fused_taper.csv" "${T[@]}" \
-        --json "$OUT/bench_cuda.json" --commit "${TAPER_COMMIT:-unknown}" \
+        --commit "${TAPER_COMMIT:-unknown}" \
         --gpu "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)" \
         >"$OUT/benchmarks-h200.md" 2>&1
       log "report rc=$?"
