@@ -5,7 +5,7 @@
 //
 // What it is: one "row" abstraction, as on the CPU: a contiguous run of L elements with its own
 // statistics (rms/layer: a row of the last dim, L = D; group norm: the C/G channels x S positions
-// of one (n, group), contiguous in (N, C, S), L = C/G * S). Three plans:
+// of one (n, group), contiguous in (N, C, S), L = C/G * S). Four plans:
 //   rows: a group of tpr threads (a power of two; 256 / tpr groups per block when tpr < 256)
 //     holds a row in registers; forward (rms/layer/group) 16 values per thread (8 for f64, 32
 //     for bf16/f16 rms: 64 bytes each), so L <= 16384 (8192 f64); rms/layer backward 8 values
@@ -87,8 +87,8 @@ namespace {
 enum class Kind : int { kRms, kLayer, kGroup };
 
 constexpr int kBlock = 256;          ///< threads of the chunk kernels (and the rows' minimum)
-/// Forward rows: threads per row at most (the half types' 32 values per thread need more
-/// registers than a 1024-thread block leaves: 512).
+/// Forward rows: threads per row at most (the half types' rms rows hold 32 values per thread,
+/// more than the 64 registers a 1024-thread block leaves: 512; longer rows loop or take chunks).
 template <class T> inline constexpr int kMaxRowThreads = is_half_v<T> ? 512 : 1024;
 constexpr int kBwdMaxThreads = 512;  ///< backward rows: threads per row at most
 constexpr int64_t kTargetBlocks = 1024;  ///< about one wave of a 132-SM H200; a constant, so
@@ -397,16 +397,6 @@ __global__ void __launch_bounds__(kMaxRowThreads<T>)
   }
 }
 
-/// Rows too long for a team of kBlock threads to hold (at most kLoopMaxBytes, 16-byte aligned,
-/// L % V == 0), many of them: block r takes row r and reads it in steps of kBlock kRowVecs
-/// vectors (thread t: vectors t + u kBlock of a step, as fwd_rows_kernel's lanes), three times:
-/// the sum (rms: of squares), the sum of (x - mean)^2 (layer/group; two-pass as everywhere),
-/// then y. Only the first read comes from memory: the row was read microseconds earlier and the
-/// rows of the blocks resident at once (132 SMs x 3 blocks x 32 KB at most, about 13 MB) stay in
-/// the L2, so the kernel moves the minimal 2 n s bytes. Each pass keeps the raw words of the next
-/// step in flight while it folds the current one (64 bytes per thread, 128 with the prefetch),
-/// and each thread sums into kRowVecs accumulators (one per vector slot, added in a fixed order
-/// at the end), so no chain of dependent adds holds the next loads back.
 /// fwd_loop_kernel's raw words of the step at lo: thread t's vectors u start at element
 /// lo + u kBlock V + t V (absent ones: zero bits, which widen to +0). kLast: the row's last
 /// read (evict-first, so the rows still to be re-read keep their L2 lines).
@@ -452,6 +442,16 @@ template <int NV, class C> __device__ __forceinline__ C loop_fold(const C (&acc)
   return s[0];
 }
 
+/// Rows too long for a team of kBlock threads to hold (at most kLoopMaxBytes, 16-byte aligned,
+/// L % V == 0), many of them: block r takes row r and reads it in steps of kBlock kRowVecs
+/// vectors (thread t: vectors t + u kBlock of a step, as fwd_rows_kernel's lanes), three times:
+/// the sum (rms: of squares), the sum of (x - mean)^2 (layer/group; two-pass as everywhere),
+/// then y. Only the first read comes from memory: the row was read microseconds earlier and the
+/// rows of the blocks resident at once (132 SMs x 3 blocks x 32 KB at most, about 13 MB) stay in
+/// the L2, so the kernel moves the minimal 2 n s bytes. Each pass keeps the raw words of the next
+/// step in flight while it folds the current one (64 bytes per thread, 128 with the prefetch),
+/// and each thread sums into kRowVecs accumulators (one per vector slot, added in a fixed order
+/// at the end), so no chain of dependent adds holds the next loads back.
 template <class T, Kind K>
 __global__ void __launch_bounds__(kBlock, 3)
     fwd_loop_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
@@ -522,18 +522,20 @@ __device__ __forceinline__ C cluster_total(C v, C* red, C* slot) {
   cg::cluster_group cl = cg::this_cluster();
   cl.sync();  // release / acquire: every block's total is visible
   C t = *cl.map_shared_rank(slot, 0);
-  for (unsigned k = 1; k < cl.num_blocks(); ++k) t += *cl.map_shared_rank(slot, static_cast<int>(k));
+  for (unsigned k = 1; k < cl.num_blocks(); ++k)
+    t += *cl.map_shared_rank(slot, static_cast<int>(k));
   return t;
 }
 
 /// Rows longer than 64 KB and at most kMaxCluster x 64 KB (16-byte aligned, L % V == 0), enough
 /// of them for kMinClusterBlocks blocks: a cluster of cs blocks per row (group norm's large
-/// groups, above all), block k holding the k-th slice of `slice` vectors in shared memory. The row is read from memory once (each
-/// thread's vectors loaded in one batch, all in flight together), the sum (rms: of squares) and
-/// then the sum of (x - mean)^2 are taken from shared memory and added over the cluster in rank
-/// order, and y is written from shared memory: 2 n s bytes, where the chunk plan read x twice
-/// (H100, bf16 group norm forward (16, 512, 64, 64)/32 103.3 -> 76.4 us, (16, 32, 256, 256)/8
-/// 111.8 -> 94.4 us; f32 (16, 512, 64, 64)/32 150.1 -> 135.3 us).
+/// groups, above all), block k holding the k-th slice of `slice` vectors in shared memory. The
+/// row is read from memory once (each thread's vectors loaded in one batch, all in flight
+/// together), the sum (rms: of squares) and then the sum of (x - mean)^2 are taken from shared
+/// memory and added over the cluster in rank order, and y is written from shared memory: 2 n s
+/// bytes, where the chunk plan read x twice (H100, bf16 group norm forward (16, 512, 64, 64)/32
+/// 103.3 -> 76.4 us, (16, 32, 256, 256)/8 111.8 -> 94.4 us; f32 (16, 512, 64, 64)/32 150.1 ->
+/// 135.3 us).
 template <class T, Kind K>
 __global__ void __launch_bounds__(kClusterThreads)
     fwd_cluster_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
@@ -1392,8 +1394,8 @@ struct Job {
 
 /// The cluster configuration of `kernel` (blocks of `threads`, `smem` bytes of dynamic shared
 /// memory) for cs blocks per cluster.
-inline cudaLaunchConfig_t cluster_config(cudaLaunchAttribute& attr, int64_t blocks, int threads, int cs,
-                                  size_t smem, cudaStream_t st, const char* name) {
+inline cudaLaunchConfig_t cluster_config(cudaLaunchAttribute& attr, int64_t blocks, int threads,
+                                         int cs, size_t smem, cudaStream_t st, const char* name) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(grid1(name, blocks));
   cfg.blockDim = dim3(static_cast<unsigned>(threads));

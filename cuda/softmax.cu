@@ -50,9 +50,9 @@
 // give round_to's bits for every value but NaN (NaN goes through round_to; cuda/vec_io.cuh).
 // exp is the CUDA library's expf / exp (2 ulp, 1 ulp; --fmad=false leaves its own fmas alone)
 // for f32 and f64 data, and for bf16/f16 data the hardware's ex2.approx (exp_ns_half: a few f32
-// ulp, far below the half types' rounding), with results below the smallest normal (x - m below ln FLT_MIN, resp. ln DBL_MIN)
-// flushed to 0 as the CPU's ExpNoSubnormal does. The CPU's MulAdd / NegMulAdd are fmas here too
-// (sum dy * y, dy - y * sum dy).
+// ulp, far below the half types' rounding), with results below the smallest normal (x - m below
+// ln FLT_MIN, resp. ln DBL_MIN) flushed to 0 as the CPU's ExpNoSubnormal does. The CPU's MulAdd
+// / NegMulAdd are fmas here too (sum dy * y, dy - y * sum dy).
 // Special values as the CPU: a row with a NaN, an all -inf row or a row holding +inf gives NaN
 // everywhere (written explicitly); its saved m is NaN, -inf, +inf respectively (NaN wins when a
 // row holds both a NaN and an infinity) and l = 0; rows of length 0 save (-inf, 0). The backward
