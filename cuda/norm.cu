@@ -1125,10 +1125,6 @@ __global__ void __launch_bounds__(kBlock)
 
 // ---- backward: group norm --------------------------------------------------------------------
 
-/// Per-channel sums. x, dy: (N, C, S), each channel run cut into P pieces of ps elements; item
-/// = (n * C + ch) * P + p, taken by a group of tpu threads (blockDim.x / tpu items per block):
-/// pu[item] = sum(u), pq[item] = sum(q), pdy[item] (or null) = sum(dy) over the piece, with the
-/// statistics of (n, ch / Cg).
 /// gn_bwd_sums_kernel's sums of one vector: s += (u, u d, dy), u = dy rho, d = x - mean; the
 /// elements from `valid` on are absent (kWhole: none is, and nothing is tested).
 template <bool kWhole, class T>
@@ -1148,6 +1144,10 @@ __device__ __forceinline__ void gn_sums_vec(const compute_t<T> (&xv)[kV<T>],
   }
 }
 
+/// Per-channel sums. x, dy: (N, C, S), each channel run cut into P pieces of ps elements; item
+/// = (n * C + ch) * P + p, taken by a group of tpu threads (blockDim.x / tpu items per block):
+/// pu[item] = sum(u), pq[item] = sum(q), pdy[item] (or null) = sum(dy) over the piece, with the
+/// statistics of (n, ch / Cg).
 template <class T>
 __global__ void __launch_bounds__(kBlock)
     gn_bwd_sums_kernel(const T* __restrict__ x, const T* __restrict__ dy,
