@@ -188,7 +188,14 @@ template <class DF, class T> HWY_INLINE hn::Vec<DF> LoadF32(DF df, const T* HWY_
     if constexpr (std::is_same_v<T, bf16>) {
       return Bf16BitsToF32(df, hn::PromoteTo(du, raw));
     } else {
-      // Not F16C's vcvtph2ps even where present: it quiets signaling NaNs, dtype.h keeps them.
+#if TAPER_HWY_HAVE_F16C
+      // F16C's vcvtph2ps is exact for every f16 (subnormals too) but a signaling NaN, which it
+      // quiets where dtype.h keeps it: a vector holding any NaN (rare) takes the integer path.
+      // About 12 instructions a vector fewer, which made f16 rows 1.6-2.2x slower than bf16's.
+      const hn::Rebind<hwy::float16_t, DF> dh;
+      const auto f = hn::PromoteTo(df, hn::BitCast(dh, raw));
+      if (HWY_LIKELY(hn::AllFalse(df, hn::IsNaN(f)))) return f;
+#endif
       return F16BitsToF32(df, hn::PromoteTo(du, raw));
     }
   }
