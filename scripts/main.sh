@@ -43,6 +43,7 @@ if [ "${1:-}" = "--bench" ]; then
   echo "== build ${targets[*]} (-j$JOBS)" >&2
   cmake --build build/release -j"$JOBS" --target "${targets[@]}"
   echo "== built in $((SECONDS - T0)) s; running the benches" >&2
+  source scripts/blas_env.sh build/release/benches/bench_primitives
   mkdir -p build/release/bench-results
   bash scripts/bench_report.sh --build build/release | tee build/release/bench-results/report.md
   echo "== benchmark report done in $((SECONDS - T0)) s (build/release/bench-results/report.md)" >&2
@@ -56,6 +57,7 @@ bash scripts/fetch_data.sh >&2
 echo "== build finetune (-j$JOBS)" >&2
 cmake --build build/release -j"$JOBS" --target finetune
 echo "== built in $((SECONDS - T0)) s; fine-tuning" >&2
+source scripts/blas_env.sh build/release/examples/finetune
 
 mkdir -p build/release/finetune
 T1=$SECONDS

@@ -35,6 +35,7 @@ run_suite() {
 phase "release build (assertions on)"
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DTAPER_ASSERTS=ON -DTAPER_CUDA=AUTO -DTAPER_BENCH_TORCH=OFF >/dev/null
 cmake --build build/release -j"$JOBS"
+source scripts/blas_env.sh build/release/examples/finetune
 phase "release tests"
 run_suite build/release
 
