@@ -160,6 +160,27 @@ template <class T> __device__ __forceinline__ void zero_vec(compute_t<T> (&v)[kV
   for (int l = 0; l < kV<T>; ++l) v[l] = compute_t<T>(0);
 }
 
+/// Adds (v[l] - mu)^2 to m for the elements of the vector at element i that lie below n (an
+/// absent element would add mean^2); a whole vector skips the per-element tests.
+template <int V, class C>
+__device__ __forceinline__ void add_m2(const C (&v)[V], int64_t i, int64_t n, C mu, C& m) {
+  if (i + V <= n) {
+#pragma unroll
+    for (int l = 0; l < V; ++l) {
+      const C d = v[l] - mu;
+      m = fma(d, d, m);
+    }
+    return;
+  }
+#pragma unroll
+  for (int l = 0; l < V; ++l) {
+    if (i + l < n) {
+      const C d = v[l] - mu;
+      m = fma(d, d, m);
+    }
+  }
+}
+
 /// Butterfly over aligned groups of `width` lanes (a power of two <= 32): every lane ends with
 /// its group's totals, the same bits in each lane (IEEE addition commutes). Every lane of the
 /// warp must call it.
@@ -355,24 +376,8 @@ __global__ void __launch_bounds__(kMaxRowThreads<T>)
     mu = s[0] / static_cast<C>(L);
     C m[1] = {C(0)};
 #pragma unroll
-    for (int u = 0; u < NV; ++u) {
-      const int64_t i = (static_cast<int64_t>(u) * tpr + lane) * V;
-      if (i + V <= L) {  // whole: no per-element tests
-#pragma unroll
-        for (int l = 0; l < V; ++l) {
-          const C d = v[u][l] - mu;
-          m[0] = fma(d, d, m[0]);
-        }
-        continue;
-      }
-#pragma unroll
-      for (int l = 0; l < V; ++l) {
-        if (i + l < L) {  // an absent element would add mean^2
-          const C d = v[u][l] - mu;
-          m[0] = fma(d, d, m[0]);
-        }
-      }
-    }
+    for (int u = 0; u < NV; ++u)
+      add_m2(v[u], (static_cast<int64_t>(u) * tpr + lane) * V, L, mu, m[0]);
     group_sum(m, tpr, red);  // red is free again: group_sum ends with a barrier
     var = m[0] / static_cast<C>(L);
   }
@@ -482,13 +487,7 @@ __global__ void __launch_bounds__(kBlock, 3)
 #pragma unroll
     for (int u = 0; u < NV; ++u) acc[u] = C(0);
     loop_pass<false, NV>(xr, L, [&](int u, int64_t i, const C (&v)[V]) {
-      if (i < L) {  // an absent vector would add mean^2
-#pragma unroll
-        for (int l = 0; l < V; ++l) {
-          const C d = v[l] - mu;
-          acc[u] = fma(d, d, acc[u]);
-        }
-      }
+      add_m2(v, i, L, mu, acc[u]);  // vectors are whole or absent
     });
     var = loop_fold(acc, red) / static_cast<C>(L);
   }
@@ -587,11 +586,7 @@ __global__ void __launch_bounds__(kClusterThreads)
       if (k < n) {
         C v[V];
         widen16<T>(held[k], v);
-#pragma unroll
-        for (int l = 0; l < V; ++l) {
-          const C d = v[l] - mu;
-          m = fma(d, d, m);
-        }
+        add_m2(v, 0, V, mu, m);  // a whole vector
       }
     }
     var = cluster_total(m, red, &slots[1]) / static_cast<C>(L);
@@ -661,24 +656,8 @@ __global__ void __launch_bounds__(kBlock)
     const C mu = s[0] / static_cast<C>(hi - lo);
     C m[1] = {C(0)};
 #pragma unroll
-    for (int u = 0; u < NV; ++u) {
-      const int64_t i = lo + (static_cast<int64_t>(u) * kBlock + threadIdx.x) * V;
-      if (i + V <= hi) {  // whole: no per-element tests
-#pragma unroll
-        for (int l = 0; l < V; ++l) {
-          const C d = v[u][l] - mu;
-          m[0] = fma(d, d, m[0]);
-        }
-        continue;
-      }
-#pragma unroll
-      for (int l = 0; l < V; ++l) {
-        if (i + l < hi) {
-          const C d = v[u][l] - mu;
-          m[0] = fma(d, d, m[0]);
-        }
-      }
-    }
+    for (int u = 0; u < NV; ++u)
+      add_m2(v[u], lo + (static_cast<int64_t>(u) * kBlock + threadIdx.x) * V, hi, mu, m[0]);
     group_sum(m, kBlock, red);
     if (threadIdx.x == 0) {
       pm[it] = mu;
