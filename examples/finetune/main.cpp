@@ -955,10 +955,10 @@ int launch(const Flags& f, int argc, char** argv) {
       rc = code;
       std::fprintf(stderr, "finetune: rank %td exited with status %d; stopping the others\n",
                    it - pids.begin(), code);
-      for (pid_t other : pids)
-        if (other != pid) kill(other, SIGTERM);
+      for (pid_t other : pids)  // the live ones: an exited rank's slot is 0, and kill(-1, ...)
+        if (other > 0 && other != pid) kill(other, SIGTERM);  // would signal every process
     }
-    *it = -1;
+    *it = 0;
   }
   return rc;
 }
