@@ -198,8 +198,7 @@ class NcclGroup final : public dist::ProcessGroup {
  public:
   NcclGroup(std::unique_ptr<dist::Rendezvous> rv, Device dev)
       : ProcessGroup(std::move(rv)), dev_(dev), lib_(nccl(rank())) {
-    // NVLink multicast (NVLS) stays off unless the user asked for it.
-    setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
+    // nccl() has set NCCL_NVLS_ENABLE=0 (unless the user set it) before any NCCL call.
     NcclUniqueId id{};
     if (rank() == 0) check(lib_.GetUniqueId(&id), "ncclGetUniqueId", nullptr);
     {
@@ -247,8 +246,7 @@ class NcclGroup final : public dist::ProcessGroup {
 
   void broadcast(const Tensor& t, int root) override {
     check_tensor(t, "broadcast");
-    TAPER_CHECK(root >= 0 && root < world_size(), "dist: broadcast: root ", root,
-                " is out of range for world size ", world_size());
+    check_root(root, "broadcast");
     if (t.elem_count() > 0)
       check(lib_.Broadcast(t.data_ptr(), t.data_ptr(), t.elem_count(), nccl_dtype(t.dtype()),
                            root, comm_, stream(dev_.ordinal())),
@@ -304,16 +302,11 @@ class NcclGroup final : public dist::ProcessGroup {
     cudaEvent_t done = nullptr;
   };
 
+  /// The base contract (ProcessGroup::check_tensor), a live communicator and an NCCL dtype.
   void check_tensor(const Tensor& t, const char* call) const {
     TAPER_CHECK(comm_ != nullptr, "dist: ", call, ": rank ", rank(), ": the NCCL communicator was "
                 "aborted after an earlier failure");
-    TAPER_CHECK(t.defined(), "dist: ", call, ": the tensor is undefined (rank ", rank(), ")");
-    TAPER_CHECK(t.device() == dev_, "dist: ", call, ": the tensor ", t.shape().to_string(), " ",
-                dtype_name(t.dtype()), " is on ", t.device().to_string(), ", the NCCL group's device is ",
-                dev_.to_string(), " (rank ", rank(), ")");
-    TAPER_CHECK(t.is_contiguous(), "dist: ", call, ": needs a contiguous tensor, got shape ",
-                t.shape().to_string(), " ", dtype_name(t.dtype()), " with strides that are not (rank ",
-                rank(), ")");
+    ProcessGroup::check_tensor(t, call);
     TAPER_CHECK(nccl_dtype(t.dtype()) >= 0, "dist: ", call, ": NCCL has no ", dtype_name(t.dtype()));
   }
 

@@ -352,6 +352,21 @@ ProcessGroup::ProcessGroup(std::unique_ptr<Rendezvous> rv) : rv_(std::move(rv)) 
   TAPER_ASSERT(rv_ != nullptr);
 }
 ProcessGroup::~ProcessGroup() = default;
+
+void ProcessGroup::check_tensor(const Tensor& t, const char* call) const {
+  TAPER_CHECK(t.defined(), "dist: ", call, ": the tensor is undefined (rank ", rank(), ")");
+  TAPER_CHECK(t.device() == device(), "dist: ", call, ": the tensor ", t.shape().to_string(), " ",
+              dtype_name(t.dtype()), " is on ", t.device().to_string(), ", the group's device is ",
+              device().to_string(), " (rank ", rank(), ")");
+  TAPER_CHECK(t.is_contiguous(), "dist: ", call, ": needs a contiguous tensor, got shape ",
+              t.shape().to_string(), " ", dtype_name(t.dtype()),
+              " with strides that are not (rank ", rank(), ")");
+}
+
+void ProcessGroup::check_root(int root, const char* call) const {
+  TAPER_CHECK(root >= 0 && root < world_size(), "dist: ", call, ": root ", root,
+              " is out of range for world size ", world_size());
+}
 int ProcessGroup::rank() const { return rendezvous().rank(); }
 int ProcessGroup::world_size() const { return rendezvous().world_size(); }
 
@@ -375,7 +390,7 @@ class TcpGroup final : public ProcessGroup {
   Device device() const override { return dev_; }
 
   std::unique_ptr<Work> all_reduce_async(const Tensor& t, ReduceOp op) override {
-    check(t, "all_reduce");
+    check_tensor(t, "all_reduce");
     std::lock_guard<std::mutex> lock(socket_mutex());
     if (world_size() > 1 || op == ReduceOp::Avg) {
       std::vector<unsigned char> mine = read(t);
@@ -386,9 +401,8 @@ class TcpGroup final : public ProcessGroup {
   }
 
   void broadcast(const Tensor& t, int root) override {
-    check(t, "broadcast");
-    TAPER_CHECK(root >= 0 && root < world_size(), "dist: broadcast: root ", root,
-                " is out of range for world size ", world_size());
+    check_tensor(t, "broadcast");
+    check_root(root, "broadcast");
     if (world_size() == 1) return;
     std::lock_guard<std::mutex> lock(socket_mutex());
     std::vector<unsigned char> buf = read(t);
@@ -412,14 +426,6 @@ class TcpGroup final : public ProcessGroup {
   struct Done final : Work {
     void wait() override {}
   };
-
-  void check(const Tensor& t, const char* call) const {
-    TAPER_CHECK(t.defined(), "dist: ", call, ": the tensor is undefined");
-    TAPER_CHECK(t.is_contiguous(), "dist: ", call, ": needs a contiguous tensor, got shape ",
-                t.shape().to_string(), " ", dtype_name(t.dtype()), " with strides that are not");
-    TAPER_CHECK(t.device() == dev_, "dist: ", call, ": the tensor is on ", t.device().to_string(),
-                ", the group's device is ", dev_.to_string(), " (rank ", rank(), ")");
-  }
 
   std::vector<unsigned char> read(const Tensor& t) const {
     std::vector<unsigned char> b(t.elem_count() * dtype_size(t.dtype()));

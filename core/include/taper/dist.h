@@ -97,6 +97,11 @@ class ProcessGroup {
 
  protected:
   Rendezvous& rendezvous() const { return *rv_; }
+  /// The contract every collective checks first: `t` defined, on device(), contiguous. Error
+  /// naming the call, the tensor and the rank.
+  void check_tensor(const Tensor& t, const char* call) const;
+  /// broadcast's root is a rank of the group, or an Error naming it.
+  void check_root(int root, const char* call) const;
   /// Held while a call uses the rendezvous's sockets (one message at a time on them).
   std::mutex& socket_mutex() const { return mu_; }
 
