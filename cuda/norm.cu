@@ -1437,14 +1437,13 @@ template <class T, Kind K> void run_fwd(const Job& j) {
                    (K == Kind::kGroup || ((!w || aligned16(w)) && (!b || aligned16(b))));
   const int64_t nv = ceil_div(j.L, V);
   const int tl = log2_for(nv, NVmax);
-  if (vec && (int64_t{1} << tl) > kBlock && j.R >= kMinRowBlocks &&
-      j.L * static_cast<int64_t>(sizeof(T)) <= kLoopMaxBytes) {
+  const int64_t row_bytes = j.L * static_cast<int64_t>(sizeof(T));
+  if (vec && (int64_t{1} << tl) > kBlock && j.R >= kMinRowBlocks && row_bytes <= kLoopMaxBytes) {
     fwd_loop_kernel<T, K><<<grid1(j.name, j.R), kBlock, 0, j.st>>>(x, w, b, y, mean, rstd, j.L,
                                                                     j.S, j.G, j.Cg, eps);
     TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
     return;
   }
-  const int64_t row_bytes = j.L * static_cast<int64_t>(sizeof(T));
   if (vec && row_bytes > kSliceBytes && row_bytes <= kMaxCluster * kSliceBytes) {
     int cs = 2;
     while (cs * kSliceBytes < row_bytes) cs *= 2;
