@@ -1,7 +1,9 @@
 // optim.cpp: CPU kernel of the optim family: adamw_step, the AdamW update of one parameter.
 //
 // in = {w, g, m, v} (f32 or f64, contiguous, one shape), attrs.reals = {decay, b1, b2, eps,
-// step_size = lr / (1 - b1^t), bc2_sqrt = sqrt(1 - b2^t)} -> out = {w', m', v'}:
+// step_size = lr / (1 - b1^t), bc2_sqrt = sqrt(1 - b2^t)} -> out = {w', m', v'} (with
+// attrs.flag, written over w, m and v and returned as those tensors: each element is read
+// before it is written, by the same iteration):
 //   m' = m + (g - m) (1 - b1),  v' = v b2 + (g g) (1 - b2),
 //   w' = w decay - (m' / (sqrt(v') / bc2_sqrt + eps)) step_size,
 // each scalar rounded to the dtype and each operation rounded in that order, exactly as the
@@ -37,7 +39,10 @@ std::vector<Tensor> adamw_step_kernel(const std::vector<Tensor>& in, const OpAtt
   TAPER_ASSERT(attrs.reals.size() == 6);
   const Tensor& w = in[0];
   std::vector<Tensor> out;
-  for (int k = 0; k < 3; ++k) out.push_back(Tensor::empty(w.shape(), w.dtype(), w.device()));
+  if (attrs.flag)
+    out = {in[0], in[2], in[3]};
+  else
+    for (int k = 0; k < 3; ++k) out.push_back(Tensor::empty(w.shape(), w.dtype(), w.device()));
   const size_t n = w.elem_count();
   visit_dtype(w.dtype(), [&](auto tag) {
     using T = decltype(tag);

@@ -21,9 +21,19 @@ namespace taper::cuda {
 void throw_cuda_error(cudaError_t e, const char* call, const char* file, int line,
                       const char* op) {
   (void)cudaGetLastError();  // clear a sticky launch error so the next call starts clean
+  const bool capture = e == cudaErrorStreamCaptureUnsupported ||
+                       e == cudaErrorStreamCaptureInvalidated ||
+                       e == cudaErrorStreamCaptureImplicit || e == cudaErrorCapturedEvent ||
+                       e == cudaErrorStreamCaptureWrongThread ||
+                       e == cudaErrorStreamCaptureUnmatched || e == cudaErrorStreamCaptureMerge ||
+                       e == cudaErrorStreamCaptureUnjoined || e == cudaErrorStreamCaptureIsolation;
   throw Error(detail::str_cat(op ? op : "", op ? ": " : "", "CUDA error ", cudaGetErrorName(e),
                               " (", cudaGetErrorString(e), ") in ", call, " at ", file, ":",
-                              line));
+                              line,
+                              capture ? " (inside a graph capture: a captured function may "
+                                        "only queue device work; a copy to the host, an upload "
+                                        "of host data or a synchronize cannot be captured)"
+                                      : ""));
 }
 
 void check_launch(const char* op, const std::vector<Tensor>& in, const char* file, int line) {
@@ -217,6 +227,43 @@ class CudaBackend final : public DeviceBackend {
   void synchronize(Device dev) override {
     TAPER_CUDA_CHECK(cudaStreamSynchronize(stream(dev.ordinal())));
     raise_kernel_error(dev.ordinal());
+  }
+
+  // Graphs. Relaxed mode: the caching allocator may cudaMalloc a fresh block for the graph's
+  // private pool during the capture (the block is not part of the graph; its address is).
+  // A synchronisation or a host copy on the capturing stream still fails, and says so.
+  void begin_capture(Device dev) override {
+    TAPER_CUDA_CHECK(cudaStreamBeginCapture(stream(dev.ordinal()), cudaStreamCaptureModeRelaxed));
+  }
+
+  void* end_capture(Device dev) override {
+    cudaGraph_t g = nullptr;
+    const cudaError_t e = cudaStreamEndCapture(stream(dev.ordinal()), &g);
+    if (e != cudaSuccess) {
+      if (g) (void)cudaGraphDestroy(g);
+      throw_cuda_error(e, "cudaStreamEndCapture", __FILE__, __LINE__, "cuda::Graph::capture");
+    }
+    cudaGraphExec_t x = nullptr;
+    const cudaError_t ie = cudaGraphInstantiate(&x, g, 0);
+    (void)cudaGraphDestroy(g);
+    if (ie != cudaSuccess)
+      throw_cuda_error(ie, "cudaGraphInstantiate", __FILE__, __LINE__, "cuda::Graph::capture");
+    return x;
+  }
+
+  void replay_graph(Device dev, void* graph) override {
+    TAPER_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph), stream(dev.ordinal())));
+  }
+
+  void destroy_graph(Device dev, void* graph) noexcept override {
+    if (!graph) return;
+    try {
+      stream(dev.ordinal());  // sets the device
+    } catch (...) {
+      return;
+    }
+    (void)cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph));
+    (void)cudaGetLastError();
   }
 };
 

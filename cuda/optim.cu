@@ -1,7 +1,9 @@
 // optim.cu: CUDA kernel of the optim family: adamw_step, the AdamW update of one parameter, the
 // same operations in the same order as cpu/optim.cpp (which states the formula), so the GPU
 // gives the CPU's bits (sqrt and / are correctly rounded; --fmad=false keeps every product and
-// sum rounded on its own). One pass: 4 reads and 3 writes per element.
+// sum rounded on its own). One pass: 4 reads and 3 writes per element; in place (attrs.flag)
+// the outputs are w, m and v themselves (so the pointers carry no __restrict__: each element is
+// read before the same thread writes it).
 #include "cuda/cuda_common.cuh"
 
 namespace taper::cuda {
@@ -12,9 +14,8 @@ template <class T> struct AdamWScalars {
 };
 
 template <class T>
-__global__ void adamw_kernel(const T* __restrict__ w, const T* __restrict__ g,
-                             const T* __restrict__ m, const T* __restrict__ v, T* __restrict__ wo,
-                             T* __restrict__ mo, T* __restrict__ vo, int64_t n, AdamWScalars<T> s) {
+__global__ void adamw_kernel(const T* w, const T* __restrict__ g, const T* m, const T* v, T* wo,
+                             T* mo, T* vo, int64_t n, AdamWScalars<T> s) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const T gi = g[i], mi0 = m[i];
@@ -30,7 +31,10 @@ std::vector<Tensor> adamw_step_kernel(const std::vector<Tensor>& in, const OpAtt
   TAPER_CHECK(attrs.reals.size() == 6, "adamw_step: needs 6 scalars, got ", attrs.reals.size());
   const Tensor& w = in[0];
   std::vector<Tensor> out;
-  for (int k = 0; k < 3; ++k) out.push_back(new_output(w.shape(), w.dtype(), w));
+  if (attrs.flag)
+    out = {in[0], in[2], in[3]};
+  else
+    for (int k = 0; k < 3; ++k) out.push_back(new_output(w.shape(), w.dtype(), w));
   const int64_t n = static_cast<int64_t>(w.elem_count());
   if (n == 0) return out;
   const int dev = w.device().ordinal();

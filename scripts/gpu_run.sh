@@ -11,10 +11,13 @@
 #              PyTorch / torch.compile / Liger (scripts/bench_fused_torch.py; BENCH_TORCH=0: none)
 #              and the rendered benchmarks-h200.md
 #   finetune   the main job for 20 steps on the GPU, then on the CPU (MODEL_DIR)
-#   main       the whole main job on the GPU (seeds 1, 2) and a GPU -> CPU resume
+#   main       the whole main job on the GPU (seeds 1, 2) and a GPU -> CPU resume (MAIN_RESUME=0:
+#              without it)
+#   ddp1       finetune --nproc 1 on the GPU (NCCL at world size 1), 40 steps
 #   profile    the SASS of softmax.cu and norm.cu (cuobjdump), and ncu's counters of the fused
 #              kernels of each PROFILE_CASES row (bench_cuda --fused-table --filter)
-#   train      issue 17's table: taper's --bench-train / --bench-forward cells on the GPU, then
+#   train      issue 17's table: taper's --bench-train (CUDA graph on and off; TRAIN_GRAPHS) /
+#              --bench-forward cells on the GPU, then
 #              PyTorch's (scripts/bench_train_torch.py, which does not import taper) beside them
 #              (TRAIN_TORCH=0: taper's cells only)
 # Usage: bash scripts/gpu_run.sh test sanitize bench
@@ -148,6 +151,7 @@ for step in "$@"; do
         log "main cuda seed $seed rc=$?"
         grep -E "^(baseline|fine-tuned|summary)" "$OUT/main_cuda_$seed.log"
       done
+      [ "${MAIN_RESUME:-1}" = 1 ] || continue  # MAIN_RESUME=0: no cross-device resume
       log "cross-device resume: 100 steps on cuda, the other 100 on cpu"
       ./build/gpu/examples/finetune --device cuda --model-dir "$M" --stop-after 100 \
         --out /tmp/half.safetensors >"$OUT/resume_cuda.log" 2>&1 &&
@@ -156,6 +160,15 @@ for step in "$@"; do
       log "resume rc=$?"
       grep -E "^(resume|fine-tuned|summary)" "$OUT/resume_cpu.log"
       ;;
+    ddp1)
+      # Data parallelism's launcher end to end on one GPU: NCCL at world size 1.
+      M=${MODEL_DIR:-.models/all-MiniLM-L6-v2}
+      log "finetune --device cuda --nproc 1 (40 steps)"
+      ./build/gpu/examples/finetune --device cuda --nproc 1 --model-dir "$M" --steps 40 \
+        --out /tmp/ddp1.safetensors >"$OUT/ddp1.log" 2>&1
+      log "ddp1 rc=$?"
+      grep -E "^(dist|baseline|fine-tune|step|fine-tuned|summary)" "$OUT/ddp1.log" | tail -8
+      ;;
     train)
       M=${MODEL_DIR:-.models/all-MiniLM-L6-v2}
       FT=./build/gpu/examples/finetune
@@ -163,9 +176,16 @@ for step in "$@"; do
                   "forward 32 128 f32" "forward 512 128 f32" "forward 32 128 bf16" \
                   "forward 512 128 bf16"; do
         read -r kind b t dt <<<"$cell"
-        log "taper $kind $b x $t $dt"
-        $FT --device cuda --model-dir "$M" --bench-$kind --batch "$b" --seq-len "$t" --dtype "$dt" \
-          2>&1 | tee -a "$OUT/train_taper.log" | grep -E "^bench"
+        # Training steps twice: replayed as a CUDA graph (the default), and eager.
+        graphs="on"
+        [ "$kind" = train ] && graphs="${TRAIN_GRAPHS:-on off}"
+        [ "$kind" = forward ] && graphs="off"
+        for g in $graphs; do
+          log "taper $kind $b x $t $dt (cuda graph $g)"
+          $FT --device cuda --model-dir "$M" --bench-$kind --batch "$b" --seq-len "$t" --dtype "$dt" \
+            $([ "$kind" = train ] && echo "--cuda-graph $g") \
+            2>&1 | tee -a "$OUT/train_taper.log" | grep -E "^bench|^cuda-graph|rror"
+        done
       done
       [ "${TRAIN_TORCH:-1}" = 1 ] || continue  # TRAIN_TORCH=0: taper's cells only
       log "PyTorch (scripts/bench_train_torch.py)"

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <map>
+#include <set>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -538,6 +539,77 @@ TEST(Storage, MemoryStatsCountLiveBytesAndThePeak) {
   EXPECT_EQ(memory_stats(cpu).peak, s0.in_use + 8000);  // a smaller block leaves the peak
   reset_peak_memory(cpu);
   EXPECT_EQ(memory_stats(cpu).peak, s0.in_use);
+}
+
+// A captured graph's private pool (cuda::Graph on a GPU; the allocator logic is the same on
+// every device, so the CPU tests it): blocks freed during the capture, the pool's or older
+// ones, serve only the pool; after end() nobody; at the pool's end they return to the cache.
+TEST(Storage, PrivatePoolKeepsItsBlocksFromEveryoneElseUntilReleased) {
+  const Device cpu = Device::cpu();
+  const Shape s({3000});  // 12 000 bytes: one size class
+  Tensor older = Tensor::empty(s, DType::F32, cpu);
+  const void* older_at = older.data_ptr();
+  const size_t in_use0 = memory_stats(cpu).in_use;
+  std::set<const void*> pool_blocks;
+  {
+    PrivatePool pool(cpu);
+    EXPECT_TRUE(pool.active());
+    EXPECT_THROW(PrivatePool second(cpu), Error);  // one capture at a time
+    const void* a_at = nullptr;
+    {
+      Tensor a = Tensor::empty(s, DType::F32, cpu);
+      a_at = a.data_ptr();
+      pool_blocks.insert(a_at);
+    }
+    {
+      Tensor b = Tensor::empty(s, DType::F32, cpu);  // the pool's free block
+      EXPECT_EQ(b.data_ptr(), a_at);
+    }
+    older = Tensor();  // an older block freed during the capture joins the pool
+    pool_blocks.insert(older_at);
+    const size_t cls_bytes = pool.bytes() / 2;
+    EXPECT_GE(cls_bytes, 12000u);
+    EXPECT_EQ(memory_stats(cpu).in_use, in_use0 - 12000 + 2 * cls_bytes);
+    pool.end();
+    EXPECT_FALSE(pool.active());
+    std::vector<Tensor> after;
+    for (int i = 0; i < 4; ++i) {
+      after.push_back(Tensor::empty(s, DType::F32, cpu));
+      EXPECT_EQ(pool_blocks.count(after.back().data_ptr()), 0u) << i;
+    }
+  }
+  // Released: its two blocks are the cache's again (the last freed is handed out first).
+  EXPECT_EQ(memory_stats(cpu).in_use, in_use0 - 12000);
+  Tensor c = Tensor::empty(s, DType::F32, cpu), d = Tensor::empty(s, DType::F32, cpu);
+  EXPECT_EQ(pool_blocks.count(c.data_ptr()) + pool_blocks.count(d.data_ptr()), 2u);
+}
+
+// copy_from writes in place (converting the dtype) and refuses what would break a graph.
+TEST(Tensor, CopyFromWritesInPlaceAndChecksItsArguments) {
+  const Tensor dst = Tensor::zeros({2, 3}, DType::BF16);
+  const void* at = dst.data_ptr();
+  dst.copy_from(Tensor::from_vector(std::vector<double>{1, 2, 3, 4, 5, 1.00390625}, {2, 3}));
+  EXPECT_EQ(dst.data_ptr(), at);
+  EXPECT_EQ(dst.to_vector<double>(), (std::vector<double>{1, 2, 3, 4, 5, 1.0}));  // to nearest even
+  EXPECT_THROW(dst.copy_from(Tensor::zeros({3, 2}, DType::F32)), Error);
+  EXPECT_THROW(dst.t().copy_from(Tensor::zeros({3, 2}, DType::F32)), Error);  // not contiguous
+  const Var v = Var::from_tensor(Tensor::zeros({2}, DType::F32));
+  EXPECT_THROW(v.copy_from(Tensor::ones({2}, DType::F32)), Error);  // tracks gradients
+  v.value().copy_from(Tensor::ones({2}, DType::F32));
+  EXPECT_EQ(v.to_vector<float>(), (std::vector<float>{1, 1}));
+}
+
+// Capturing a graph needs a CUDA device: anywhere else it is an Error that says so.
+TEST(Graph, CaptureOnTheCpuIsAnError) {
+  cuda::Graph g;
+  try {
+    g.capture(Device::cpu(), [] {});
+    FAIL() << "no Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not a CUDA device"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(g.captured());
+  EXPECT_THROW(g.replay(), Error);
 }
 
 TEST(Print, ShowsShapeDTypeDeviceAndValues) {

@@ -2222,6 +2222,18 @@ TEST_F(CudaOptim, AdamWStepMatchesCpuBitForBit) {
         ASSERT_TRUE(gpu_result(og[k], oc[k])) << "output " << k;
         EXPECT_TRUE(same_bits(og[k], oc[k])) << "output " << k;
       }
+      // In place (the optimizer's way): the same bits, written over w, m and v.
+      OpAttrs ai = a;
+      ai.flag = true;
+      std::vector<Tensor> inp;
+      for (const Tensor& x : in) inp.push_back(to_gpu(x));
+      const std::vector<Tensor> oi = dispatch(*op, inp, ai);
+      ASSERT_EQ(oi.size(), 3u);
+      const size_t from[3] = {0, 2, 3};
+      for (size_t k = 0; k < 3; ++k) {
+        EXPECT_EQ(oi[k].data_ptr(), inp[from[k]].data_ptr()) << "in-place output " << k;
+        EXPECT_TRUE(same_bits(oi[k], oc[k])) << "in-place output " << k;
+      }
     }
   }
 }

@@ -186,6 +186,38 @@ TEST(NnOptim, StepBetweenForwardAndBackwardKeepsTheGraphsWeights) {
   }
 }
 
+// Parameters are updated in their own storage (a captured cuda::Graph reads them there), unless
+// something else reads that storage: a graph recorded before the step, or a view.
+TEST(NnOptim, UpdatesInPlaceUnlessSomethingElseReadsTheParameter) {
+  for (Device dev : test_devices()) {
+    for (DType dt : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE(dev.to_string() + " " + std::string(dtype_name(dt)));
+      const Tensor x = random_tensor({4, 3}, dt, dev, 1);
+      Var w = Var::from_tensor(random_tensor({3, 2}, dt, dev, 2).to_dtype(dt) * 1.0);
+      const auto loss = [&] { return x.matmul(w).tanh().sum_all(); };
+      AdamW adam({w}, AdamWOptions(0.5));
+      SGD sgd({w}, SGDOptions(0.25));
+      for (Optimizer* opt : std::vector<Optimizer*>{&adam, &sgd}) {
+        const void* at = w.data_ptr();
+        const std::vector<double> before = values(w);
+        opt->step(loss().backward());  // the graph is released: the storage is w's alone
+        EXPECT_EQ(w.data_ptr(), at);
+        EXPECT_NE(values(w), before);
+        const Tensor pending = loss();  // holds w's storage until its backward
+        const std::vector<double> seen = values(w);
+        opt->step(grad_of(w, 1.0));
+        EXPECT_NE(w.data_ptr(), at);  // a new value: the recorded graph keeps the old one
+        EXPECT_NE(values(w), seen);
+        const Tensor view = w.value().t();  // a view shares the storage
+        const void* at2 = w.data_ptr();
+        opt->step(grad_of(w, 1.0));
+        EXPECT_NE(w.data_ptr(), at2);
+        EXPECT_TRUE(view.defined() && pending.defined());
+      }
+    }
+  }
+}
+
 TEST(NnOptim, AccumulateThenStepEqualsSummedStep) {
   Var a = scalar_var(2.0), b = scalar_var(2.0);
   SGD oa({a}, SGDOptions(0.5)), ob({b}, SGDOptions(0.5));

@@ -14,6 +14,14 @@ std::string Device::to_string() const {
   return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(ordinal_);
 }
 
+void DeviceBackend::begin_capture(Device dev) {
+  throw Error(detail::str_cat("graph capture: device ", dev.to_string(),
+                              " cannot capture its work into a graph (CUDA devices can)"));
+}
+void* DeviceBackend::end_capture(Device dev) { begin_capture(dev); return nullptr; }
+void DeviceBackend::replay_graph(Device dev, void*) { begin_capture(dev); }
+void DeviceBackend::destroy_graph(Device, void*) noexcept {}
+
 namespace {
 DeviceBackend* g_backends[kNumDeviceKinds] = {};
 }

@@ -145,6 +145,29 @@ double Tensor::item() const {
   return to_vector<double>()[0];
 }
 
+void Tensor::copy_from(const Tensor& src) const {
+  TAPER_CHECK(defined() && src.defined(), "copy_from: an undefined tensor");
+  TAPER_CHECK(src.shape() == shape(), "copy_from: source ", src.shape().to_string(), " ",
+              dtype_name(src.dtype()), " does not fit destination ", shape().to_string(), " ",
+              dtype_name(dtype()));
+  TAPER_CHECK(src.device() == device() || src.device().is_cpu(), "copy_from: source on ",
+              src.device().to_string(), ", destination on ", device().to_string(),
+              " (the source must be on the destination's device or the host)");
+  TAPER_CHECK(is_contiguous(), "copy_from: the destination ", shape().to_string(), " ",
+              dtype_name(dtype()), " is not contiguous");
+  TAPER_CHECK(!tracks_grad(), "copy_from: the destination ", shape().to_string(), " ",
+              dtype_name(dtype()), " tracks gradients; write into a detached view (Var::value())");
+  NoGradGuard ng;
+  Tensor s = src.detach().to_dtype(dtype()).contiguous();
+  const size_t n = elem_count() * dtype_size(dtype());
+  if (n == 0 || s.data_ptr() == data_ptr()) return;
+  DeviceBackend& be = device_backend(device().kind());
+  if (s.device() == device())
+    be.copy_device(device(), data_ptr(), device(), s.data_ptr(), n);
+  else
+    be.copy_from_host(device(), data_ptr(), s.data_ptr(), n);
+}
+
 // ---- conversion ---------------------------------------------------------------------------------
 
 Tensor Tensor::to_dtype(DType dt) const {

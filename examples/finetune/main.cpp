@@ -92,6 +92,7 @@ struct Flags {
   bool bench_forward = false;
   bool bench_train = false;
   size_t nproc = 0;  // 0: this process alone (or as a launcher's rank)
+  std::string cuda_graph = "auto";  // auto: on for a CUDA run without dropout or processes
   std::set<std::string> given;  // flags set on the command line
 };
 
@@ -134,6 +135,11 @@ first a baseline (frozen encoder + trained linear head), then the whole model.
                         of 20 steps after 3 warm-up steps (--steps N: N steps), and print ms
                         per step, tokens/s, the step's peak device memory, its kernel
                         calls and a per-op profile of two more steps
+  --cuda-graph auto|on|off
+                        replay each training step's forward and backward as one CUDA graph
+                        (captured at the second step; batches padded to --seq-len so that
+                        every step has one shape; AdamW runs after it, in place). auto
+                        (default): on with --device cuda unless --dropout or --nproc is set
   --nproc N             data parallelism: start N processes of this program (one per GPU
                         with --device cuda, cuda:0..N-1; threads split between them on the
                         CPU), each with 1/N of every batch; rank 0 logs and checkpoints.
@@ -208,6 +214,7 @@ Flags parse_flags(int argc, char** argv) {
     else if (arg == "--bench-forward") f.bench_forward = true;
     else if (arg == "--bench-train") f.bench_train = true;
     else if (arg == "--nproc") f.nproc = to_u64(next());
+    else if (arg == "--cuda-graph") f.cuda_graph = next();
     else usage_error("unknown flag '" + arg + "'");
     if (has_value && arg == "--bench-forward") usage_error("--bench-forward takes no value");
     if (has_value && arg == "--bench-train") usage_error("--bench-train takes no value");
@@ -219,6 +226,8 @@ Flags parse_flags(int argc, char** argv) {
   if (f.seq_len < 3 || f.seq_len > 512) usage_error("--seq-len must be in [3, 512]");
   if (f.warmup > 1) usage_error("--warmup is a fraction of the steps, in [0, 1]");
   if (f.dropout >= 1) usage_error("--dropout must be in [0, 1)");
+  if (f.cuda_graph != "auto" && f.cuda_graph != "on" && f.cuda_graph != "off")
+    usage_error("--cuda-graph must be auto, on or off, got '" + f.cuda_graph + "'");
   if (f.log_every == 0) f.log_every = 1;
   if (f.eval_batch == 0) usage_error("--eval-batch must be > 0");
   if (f.words == 0) usage_error("--words must be > 0");
@@ -315,11 +324,13 @@ class Batcher {
   Batcher(const WordPieceTokenizer& tok, const std::vector<Passage>& passages, size_t seq_len,
           Device dev)
       : tok_(tok), passages_(passages), seq_len_(seq_len), dev_(dev), cache_(passages.size()) {}
+  /// Pads every batch to seq_len (one shape for a captured graph) instead of its longest row.
+  void pad_to_seq_len(bool on) { pad_full_ = on; }
 
   Batch make(const std::vector<size_t>& idx) {
     std::vector<std::string> texts;
     std::vector<int64_t> labels;
-    size_t t = 2;
+    size_t t = pad_full_ ? seq_len_ : 2;
     for (size_t i : idx) {
       if (cache_[i].ids.empty()) cache_[i] = tok_.encode(passages_[i].text, seq_len_, /*pad=*/false);
       t = std::max(t, cache_[i].length);
@@ -350,7 +361,87 @@ class Batcher {
   size_t seq_len_;
   Device dev_;
   std::vector<Encoding> cache_;
+  bool pad_full_ = false;
 };
+
+// ---- the training step as a CUDA graph -------------------------------------------------------------
+
+/// A training step's forward and backward replayed as one CUDA graph (--cuda-graph). The first
+/// step runs eagerly: AdamW makes its state and the libraries set themselves up outside the
+/// capture. The second is captured, then replayed; every later one copies its batch into the
+/// static inputs and replays. The loss and the GradStore it returns are the graph's outputs,
+/// rewritten by each replay. The optimizer runs after it and must update the parameters in
+/// place: check_params() throws if one moved (a graph would read stale weights).
+class GraphedStep {
+ public:
+  explicit GraphedStep(Device dev) : dev_(dev) {}
+
+  /// `loss_of(ids, mask, labels)` is the step's loss; its gradients are in grads() after.
+  template <class F> Tensor run(const Batch& b, const std::vector<Var>& params, F&& loss_of) {
+    if (!ids_.defined()) {
+      ids_ = Tensor::empty(b.ids.shape(), b.ids.dtype(), dev_);
+      mask_ = Tensor::empty(b.mask.shape(), b.mask.dtype(), dev_);
+      labels_ = Tensor::empty(b.labels.shape(), b.labels.dtype(), dev_);
+    }
+    TAPER_CHECK(b.ids.shape() == ids_.shape(), "--cuda-graph: a batch of shape ",
+                b.ids.shape().to_string(), " after ", ids_.shape().to_string(),
+                ": a captured step replays one shape");
+    ids_.copy_from(b.ids);
+    mask_.copy_from(b.mask);
+    labels_.copy_from(b.labels);
+    auto step = [&] {
+      loss_ = loss_of(ids_, mask_, labels_);
+      grads_ = loss_.backward();
+    };
+    if (calls_++ == 0) {
+      step();
+    } else {
+      if (!graph_.captured()) {
+        at_.clear();
+        for (const Var& p : params) at_.push_back(p.data_ptr());
+        graph_.capture(dev_, step);
+        std::printf("cuda-graph: the step's forward and backward captured (%.1f MiB of device "
+                    "memory held for it); each later step replays them in one launch\n",
+                    static_cast<double>(graph_.pool_bytes()) / (1 << 20));
+        std::fflush(stdout);
+      }
+      graph_.replay();
+    }
+    return loss_;
+  }
+  const GradStore& grads() const { return grads_; }
+
+  /// Throws unless every parameter is where the capture read it.
+  void check_params(const std::vector<Var>& params) const {
+    if (!graph_.captured()) return;
+    for (size_t i = 0; i < params.size() && i < at_.size(); ++i)
+      TAPER_CHECK(params[i].data_ptr() == at_[i], "--cuda-graph: parameter ", i, " ",
+                  params[i].shape().to_string(), " moved to new storage after the capture "
+                  "(the optimizer could not update it in place): the graph would read stale "
+                  "weights; run with --cuda-graph off");
+  }
+
+ private:
+  Device dev_;
+  Tensor ids_, mask_, labels_, loss_;
+  GradStore grads_;
+  cuda::Graph graph_;
+  std::vector<const void*> at_;
+  int64_t calls_ = 0;
+};
+
+/// Whether --cuda-graph applies: an Error where "on" cannot work.
+bool use_cuda_graph(const Flags& f, Device dev, bool distributed) {
+  if (f.cuda_graph == "off") return false;
+  const bool on = f.cuda_graph == "on";
+  const char* why = !dev.is_cuda()      ? "the device is not a GPU"
+                    : f.dropout > 0.0   ? "--dropout draws a new mask each step (a replay would "
+                                          "repeat one)"
+                    : distributed       ? "data parallelism's collectives run outside the graph"
+                                        : nullptr;
+  TAPER_CHECK(!on || !why, "--cuda-graph on: ", why ? why : "");
+  return !why;
+}
 
 /// Sentence embeddings (N, E) f32 of `idx` under NoGradGuard, in eval mode.
 Tensor embed_all(Classifier& model, Batcher& batcher, const std::vector<size_t>& idx,
@@ -612,20 +703,43 @@ int bench_train(const Flags& f, Device dev, DType dt, const fs::path& model_dir,
   const Tensor labels = Tensor::from_vector(lab, Shape({b}), dev);
   double host_s = 0.0;  // of the last step: until its last op was enqueued
   uint64_t calls = 0;   // kernel calls of the last step
+  auto loss_of = [&](const Tensor& i, const Tensor& m, const Tensor& l) {
+    return nn::cross_entropy(model.classify(model.embed(i, m)), l);
+  };
+  auto eager_step = [&] {
+    const Tensor loss = loss_of(ids, mask, labels);
+    GradStore g = ddp ? ddp->backward(loss) : loss.backward();
+    opt.step(g);
+    return loss;
+  };
+  std::optional<GraphedStep> graphed;
+  if (use_cuda_graph(f, dev, group != nullptr)) graphed.emplace(dev);
+  const std::vector<Var> params = opt.parameters();
+  Batch batch;
+  batch.ids = ids;
+  batch.mask = mask;
+  batch.labels = labels;
   auto step = [&] {
     const auto t0 = Clock::now();
     const uint64_t k0 = kernel_calls(dev.kind());
-    const Tensor loss = nn::cross_entropy(model.classify(model.embed(ids, mask)), labels);
-    GradStore g = ddp ? ddp->backward(loss) : loss.backward();
-    opt.step(g);
+    Tensor loss;
+    if (graphed) {
+      loss = graphed->run(batch, params, loss_of);
+      opt.step(graphed->grads());
+      graphed->check_params(params);
+    } else {
+      loss = eager_step();
+    }
     host_s = since(t0);
     calls = kernel_calls(dev.kind()) - k0;
     return loss.item();
   };
-  for (int i = 0; i < 3; ++i) step();  // warm-up: allocator cache, BLAS buffers, cuBLAS plans
+  step();  // warm-up: allocator cache, BLAS buffers, cuBLAS plans, AdamW's state
+  // The model and the optimizer's state, before a graph's memory joins them.
+  const size_t base = memory_stats(dev).in_use;
+  for (int i = 0; i < 2; ++i) step();  // a graph is captured at the second
   const int reps = std::max(1, static_cast<int>(f.given.count("--steps") ? f.steps : 20));
   reset_peak_memory(dev);
-  const size_t base = memory_stats(dev).in_use;  // the model and the optimizer's state
   std::vector<double> times, host;
   double loss = 0.0;
   for (int i = 0; i < reps; ++i) {
@@ -651,11 +765,17 @@ int bench_train(const Flags& f, Device dev, DType dt, const fs::path& model_dir,
               loss);
   // On a GPU the host enqueues and the device runs behind it: a host time close to the step's
   // means the step is bound by the host's per-op cost, not by the device.
-  std::printf("bench-train: %llu kernel calls per step; the host enqueued them in %.2f ms "
-              "(median), %.2f us per call\n",
-              static_cast<unsigned long long>(calls), 1e3 * host[host.size() / 2],
-              1e6 * host[host.size() / 2] / static_cast<double>(std::max<uint64_t>(calls, 1)));
-  print_op_profile("bench-train", "step", [&] { step(); });
+  if (graphed)
+    std::printf("bench-train: CUDA graph: one replay of the forward and backward plus %llu "
+                "kernel calls (AdamW) per step; the host enqueued them in %.2f ms (median)\n",
+                static_cast<unsigned long long>(calls), 1e3 * host[host.size() / 2]);
+  else
+    std::printf("bench-train: %llu kernel calls per step; the host enqueued them in %.2f ms "
+                "(median), %.2f us per call\n",
+                static_cast<unsigned long long>(calls), 1e3 * host[host.size() / 2],
+                1e6 * host[host.size() / 2] / static_cast<double>(std::max<uint64_t>(calls, 1)));
+  // The profile waits for every kernel call, which a graph cannot: it times the eager step.
+  print_op_profile("bench-train", "step (eager)", [&] { (void)eager_step().item(); });
   return 0;
 }
 
@@ -764,6 +884,13 @@ int run(Flags f) {
   const nn::WarmupLinearSchedule sched(f.lr, std::min(warmup, f.steps), f.steps);
   BatchOrder order(corpus.train.size(), f.seed);
   model.train();
+  // The step as a CUDA graph: every batch padded to --seq-len, one shape to replay.
+  std::optional<GraphedStep> graphed;
+  if (use_cuda_graph(f, dev, group != nullptr)) {
+    graphed.emplace(dev);
+    train_b.pad_to_seq_len(true);
+  }
+  const std::vector<Var> params = opt.parameters();
   const auto t_train = Clock::now();
   size_t tokens = 0, window_tokens = 0;
   double window_loss = 0.0;
@@ -771,20 +898,31 @@ int run(Flags f) {
   int64_t window_n = 0;
   auto t_window = Clock::now();
   if (start_step < f.steps)
-    std::printf("fine-tune: %lld steps of %zu passages x <= %zu tokens, AdamW lr %g (warm-up %lld, "
-                "linear decay), weight decay %g, dropout %g\n",
-                static_cast<long long>(f.steps - start_step), f.batch, f.seq_len, f.lr,
-                static_cast<long long>(warmup), f.weight_decay, f.dropout);
+    std::printf("fine-tune: %lld steps of %zu passages x %s %zu tokens, AdamW lr %g (warm-up %lld, "
+                "linear decay), weight decay %g, dropout %g%s\n",
+                static_cast<long long>(f.steps - start_step), f.batch, graphed ? "" : "<=",
+                f.seq_len, f.lr, static_cast<long long>(warmup), f.weight_decay, f.dropout,
+                graphed ? ", CUDA graph" : "");
   for (int64_t step = start_step; step < f.steps; ++step) {
     std::vector<size_t> idx = order.batch(step, f.batch);
     if (ddp) idx = std::vector<size_t>(idx.begin() + static_cast<ptrdiff_t>(lo),
                                        idx.begin() + static_cast<ptrdiff_t>(lo + rows));
     const Batch b = train_b.make(idx);
     const double lr = sched.apply(opt);
-    const Tensor loss = nn::cross_entropy(model.classify(model.embed(b.ids, b.mask)), b.labels);
-    GradStore g = !ddp ? loss.backward()
-                       : ddp->backward(loss_weight == 1.0 ? loss : loss * loss_weight);
-    opt.step(g);
+    auto loss_of = [&](const Tensor& ids, const Tensor& mask, const Tensor& labels) {
+      return nn::cross_entropy(model.classify(model.embed(ids, mask)), labels);
+    };
+    Tensor loss;
+    if (graphed) {
+      loss = graphed->run(b, params, loss_of);
+      opt.step(graphed->grads());
+      graphed->check_params(params);
+    } else {
+      loss = loss_of(b.ids, b.mask, b.labels);
+      GradStore g = !ddp ? loss.backward()
+                         : ddp->backward(loss_weight == 1.0 ? loss : loss * loss_weight);
+      opt.step(g);
+    }
     // Summed on the device: the host reads the loss only for the progress line. With ranks,
     // each adds its share of the global batch's mean (summed over the ranks at the line).
     const Tensor l64 = ddp ? loss.detach().to_dtype(DType::F64) *

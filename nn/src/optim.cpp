@@ -76,6 +76,7 @@ void Optimizer::step(const GradStore& grads) {
                   ": gradient ", g->shape().to_string(), " on ", g->device().to_string(),
                   " does not fit parameter ", p.shape().to_string(), " on ",
                   p.device().to_string());
+      s.writable = writable_in_place(p);  // before update's own handles on the storage
       update(p, s, g->detach(), wd);
     }
   }
@@ -97,13 +98,24 @@ Tensor Optimizer::compute_value(const Var& p, State& s) {
   return s.master;
 }
 
+bool Optimizer::writable_in_place(const Var& p) {
+  // Only the Var's own handle holds the storage: no recorded graph keeps a snapshot of it and
+  // no view or other tensor shares it, so overwriting it changes nothing anyone else reads.
+  return p.is_contiguous() && p.impl_ptr()->storage.use_count() == 1;
+}
+
 void Optimizer::write_back(Var& p, State& s, const Tensor& value) {
-  if (is_half(p.dtype())) {
-    s.master = value;
-    p.set(value.to_dtype(p.dtype()));  // the one rounding of the step
-  } else {
-    p.set(value);
-  }
+  if (is_half(p.dtype())) s.master = value;
+  // Into the parameter's own storage when nothing else reads it, as PyTorch's optimizers
+  // update in place: a captured graph (cuda::Graph) reads its parameters where they were.
+  // Else a new value (Var::set), so a graph recorded before the step keeps what it saw. A half
+  // parameter gets the value rounded once; a value already written there needs nothing.
+  if (value.dtype() == p.dtype() && value.data_ptr() == p.data_ptr() && value.is_contiguous())
+    return;
+  if (s.writable)
+    p.value().copy_from(value);  // to_dtype's rounding for a half parameter
+  else
+    p.set(value.to_dtype(p.dtype()));
 }
 
 std::vector<std::pair<std::string, Tensor>> Optimizer::state_dict() const {
@@ -212,15 +224,19 @@ void AdamW::update(Var& p, State& s, const Tensor& g, double wd) {
   const double bc2_sqrt = std::sqrt(1.0 - std::pow(b2, double(s.step)));
   const double step_size = lr_ / bc1, decay = 1.0 - lr_ * wd;
   const Tensor gc = g.to_dtype(cd).contiguous();
+  const bool in_place = is_half(p.dtype()) || s.writable;  // the master is ours
   Tensor w = compute_value(p, s);
 
   if (options_.fused()) {
     // One registry op (a kernel per device, a composed form elsewhere): the same bits as the
     // tensor-op form below.
+    // In place: m, v and w (the parameter's storage, or the master copy's) are overwritten;
+    // a parameter that something else reads gets a copy updated instead (write_back sets it).
     OpAttrs a;
     a.reals = {decay, b1, b2, eps, step_size, bc2_sqrt};
-    const std::vector<Tensor> r =
-        dispatch(OpId::adamw_step, {w.contiguous(), gc, s.slot0, s.slot1}, a);
+    a.flag = true;
+    const std::vector<Tensor> r = dispatch(
+        OpId::adamw_step, {in_place ? w.contiguous() : clone(w), gc, s.slot0, s.slot1}, a);
     s.slot0 = r[1];
     s.slot1 = r[2];
     write_back(p, s, r[0]);

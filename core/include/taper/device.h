@@ -64,6 +64,15 @@ class DeviceBackend {
   /// Whether the host reads and writes this device's memory directly (the CPU): the caching
   /// allocator's stray-write guard needs that.
   virtual bool host_accessible() const { return false; }
+
+  /// Graph capture (taper::cuda::Graph): from begin_capture, the work queued on `dev` is
+  /// recorded instead of run; end_capture returns the recording, ready to replay (an opaque
+  /// handle), or throws an Error naming what broke it. replay queues it once more; destroy_graph
+  /// frees it (never throws). The defaults throw: a device that cannot capture says so.
+  virtual void begin_capture(Device dev);
+  virtual void* end_capture(Device dev);
+  virtual void replay_graph(Device dev, void* graph);
+  virtual void destroy_graph(Device dev, void* graph) noexcept;
 };
 
 /// Registers the backend of `kind` (called once by each backend at load).

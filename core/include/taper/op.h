@@ -99,8 +99,8 @@ namespace taper {
   X(rms_norm_bwd, 4, 2, 0, false, "ints: need dw, need db; dtype: db's")                           \
   X(layer_norm_bwd, 5, 3, 0, false, "ints: need dw, need db; dtype: db's")                         \
   X(group_norm_bwd, 5, 3, 0, false, "i0: num_groups; ints: need dw, need db; dtype: db's")         \
-  /* optim (updates of the optimizers; outputs are the new tensors) */                             \
-  X(adamw_step, 4, 3, 0, false, "reals: decay, b1, b2, eps, lr / bc1, sqrt(bc2)")
+  /* optim (updates of the optimizers; flag: in place, the outputs are inputs 0, 2, 3) */       \
+  X(adamw_step, 4, 3, 0, false, "reals: decay, b1, b2, eps, lr / bc1, sqrt(bc2); flag: in place")
 
 /// Every op. `OpId::Count` is the table size.
 enum class OpId : uint16_t {
@@ -118,7 +118,7 @@ struct OpAttrs {
   double f0 = 0.0;             ///< eps, mul, exponent, lo, fill value, start
   double f1 = 0.0;             ///< add, hi, step
   int64_t i0 = 0;              ///< a dim, num_groups, an original length
-  bool flag = false;           ///< keepdim
+  bool flag = false;           ///< keepdim; adamw_step: update in place
   DType dtype = DType::F32;    ///< target dtype (to_dtype, creation ops)
   Device device = Device::cpu();  ///< target device (creation ops)
   uint64_t seed = 0;

@@ -44,9 +44,10 @@ void device_cache_trim(Device dev);
 /// Bytes held in `dev`'s cache (free blocks waiting for reuse).
 size_t device_cache_bytes(Device dev);
 
-/// Bytes of `dev` held by live tensors (as asked for, before size-class rounding), the most held
-/// at once since the start or the last reset_peak_memory, and the cache's free bytes: what
-/// PyTorch's memory_allocated / max_memory_allocated report.
+/// Bytes of `dev` held by live tensors (as asked for, before size-class rounding) and by the
+/// private pools of captured graphs (at class size, whole), the most held at once since the
+/// start or the last reset_peak_memory, and the cache's free bytes: what PyTorch's
+/// memory_allocated / max_memory_allocated report.
 struct MemoryStats {
   size_t in_use = 0;
   size_t peak = 0;
@@ -54,6 +55,31 @@ struct MemoryStats {
 };
 MemoryStats memory_stats(Device dev);
 void reset_peak_memory(Device dev);
+
+/// A private pool of `dev`'s memory, for a captured graph (taper::cuda::Graph), which replays
+/// the addresses it was captured with. From construction until `end()`, every allocation on
+/// `dev` comes from the pool, and every block freed on `dev`, the pool's or one allocated
+/// before, joins the pool (a captured kernel may read it). After `end()` the pool serves no one,
+/// and its blocks freed later return to it; its destruction (the graph's) gives its free blocks
+/// to the device's cache, and its live ones return there when their tensors free them. The
+/// pool's blocks count in `memory_stats(dev).in_use` (at their size class) until then. One
+/// pool at a time per device; other threads must not use the device while one is active.
+class PrivatePool {
+ public:
+  explicit PrivatePool(Device dev);
+  ~PrivatePool();
+  PrivatePool(const PrivatePool&) = delete;
+  PrivatePool& operator=(const PrivatePool&) = delete;
+  /// Stops routing allocations to the pool.
+  void end();
+  bool active() const;
+  /// Bytes of the blocks the pool owns (free or held by tensors).
+  size_t bytes() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 /// Host memory (device_alloc on the CPU): 64-byte aligned, cached by size class, with a guard
 /// after each block checked at free. Used by the CPU backend and for staging.

@@ -7,6 +7,7 @@
 #pragma once
 
 #include "taper/autograd.h"  // GradStore, NoGradGuard, the graph node
+#include "taper/cuda_graph.h"  // taper::cuda::Graph: a captured step replayed in one launch
 #include "taper/device.h"    // Device, DeviceBackend, synchronize, num_threads
 #include "taper/dist.h"      // taper::dist: process groups (NCCL, TCP) of data parallelism
 #include "taper/dtype.h"     // DType, bf16 / f16, dtype traits

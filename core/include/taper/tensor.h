@@ -139,6 +139,13 @@ class Tensor {
   /// elem_count() * dtype_size(as) bytes); waits for the device.
   void copy_to_host(void* dst, DType as) const;
 
+  /// Writes `src`'s values into this tensor's elements, in place: the same shape, converted to
+  /// this dtype as to_dtype converts, from this device or the host. For optimizers and static
+  /// inputs (a captured graph reads the same storage each replay). Not recorded by autograd:
+  /// Error when this tensor tracks gradients (write into a Var's value()), is not contiguous,
+  /// or the shapes or devices do not fit. `src` must not partly overlap this tensor.
+  void copy_from(const Tensor& src) const;
+
   // ---- conversion -----------------------------------------------------------------------------
   /// The values as `dt` (this tensor when already `dt`). Float targets round to nearest-even
   /// once; integer targets truncate toward zero and saturate (NaN gives 0). Differentiable.

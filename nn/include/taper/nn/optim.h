@@ -4,7 +4,11 @@
 // returned. State is kept per parameter: for bf16/f16 parameters an f32 master copy of the
 // weights and f32 moments (the update is computed in f32 and rounded once into the parameter);
 // f64 parameters keep f64 state; f32 parameters f32 state. A parameter with no gradient in the
-// store is skipped (no decay either), as PyTorch skips `grad is None`.
+// store is skipped (no decay either), as PyTorch skips `grad is None`. A parameter is updated in
+// place (its storage keeps its address, as in PyTorch; so does the fused AdamW's state), so a
+// captured cuda::Graph that reads it stays valid, whenever nothing else holds its storage. One
+// that a recorded graph (a forward not yet backwarded), a view or another tensor shares, or a
+// non-contiguous one, gets a new value through Var::set instead: what they read is unchanged.
 // What it is not: a learning-rate policy (the schedules below set `lr` from outside).
 #pragma once
 
@@ -31,7 +35,7 @@ struct ParamGroup {
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
-  /// Updates every parameter that has a gradient in `grads` (under NoGradGuard, via Var::set).
+  /// Updates every parameter that has a gradient in `grads` (under NoGradGuard, in place).
   void step(const GradStore& grads);
   /// Updates from the gradients summed by `accumulate` since the last `zero_grad`.
   void step();
@@ -69,12 +73,15 @@ class Optimizer {
     Tensor slot0;   ///< SGD: momentum buffer; AdamW: exp_avg
     Tensor slot1;   ///< AdamW: exp_avg_sq
     int64_t step = 0;  ///< updates this parameter has had (AdamW's bias correction)
+    bool writable = false;  ///< this step may overwrite the parameter (writable_in_place)
   };
   /// Updates one parameter. `g` is the gradient (parameter dtype); `weight_decay` the group's.
   virtual void update(Var& p, State& s, const Tensor& g, double weight_decay) = 0;
   virtual std::vector<std::string> slot_names() const = 0;
   /// The parameter's value in the compute dtype (the master copy for half parameters).
   static Tensor compute_value(const Var& p, State& s);
+  /// Whether `p`'s storage may be overwritten: contiguous, and held by `p`'s handle alone.
+  static bool writable_in_place(const Var& p);
   /// Writes an updated compute-dtype value back (into the master, rounded once into `p`).
   static void write_back(Var& p, State& s, const Tensor& value);
 
