@@ -11,8 +11,8 @@
 #              PyTorch / torch.compile / Liger (scripts/bench_fused_torch.py; BENCH_TORCH=0: none)
 #              and the rendered benchmarks-h200.md
 #   finetune   the main job for 20 steps on the GPU, then on the CPU (MODEL_DIR)
-#   main       the whole main job on the GPU (seeds 1, 2) and a GPU -> CPU resume (MAIN_RESUME=0:
-#              without it)
+#   main       the whole main job on the GPU (seeds 1, 2; MAIN_FLAGS added, e.g. --cuda-graph on)
+#              and a GPU -> CPU resume (MAIN_RESUME=0: without it)
 #   ddp1       finetune --nproc 1 on the GPU (NCCL at world size 1), 40 steps
 #   profile    the SASS of softmax.cu and norm.cu (cuobjdump), and ncu's counters of the fused
 #              kernels of each PROFILE_CASES row (bench_cuda --fused-table --filter)
@@ -146,7 +146,7 @@ for step in "$@"; do
       M=${MODEL_DIR:-.models/all-MiniLM-L6-v2}
       for seed in 1 2; do
         log "main job on cuda, seed $seed"
-        ./build/gpu/examples/finetune --device cuda --model-dir "$M" --seed "$seed" \
+        ./build/gpu/examples/finetune --device cuda --model-dir "$M" --seed "$seed" ${MAIN_FLAGS:-} \
           --out "/tmp/main_cuda_$seed.safetensors" >"$OUT/main_cuda_$seed.log" 2>&1
         log "main cuda seed $seed rc=$?"
         grep -E "^(baseline|fine-tuned|summary)" "$OUT/main_cuda_$seed.log"
@@ -176,7 +176,7 @@ for step in "$@"; do
                   "forward 32 128 f32" "forward 512 128 f32" "forward 32 128 bf16" \
                   "forward 512 128 bf16"; do
         read -r kind b t dt <<<"$cell"
-        # Training steps twice: replayed as a CUDA graph (the default), and eager.
+        # Training steps twice: replayed as a CUDA graph, and eager.
         graphs="on"
         [ "$kind" = train ] && graphs="${TRAIN_GRAPHS:-on off}"
         [ "$kind" = forward ] && graphs="off"

@@ -92,7 +92,9 @@ struct Flags {
   bool bench_forward = false;
   bool bench_train = false;
   size_t nproc = 0;  // 0: this process alone (or as a launcher's rank)
-  std::string cuda_graph = "auto";  // auto: on for a CUDA run without dropout or processes
+  // auto: on for a CUDA run without dropout or processes. The default stays off until the
+  // graph has been run on a GPU (written in a session that had no GPU lent).
+  std::string cuda_graph = "off";
   std::set<std::string> given;  // flags set on the command line
 };
 
@@ -138,8 +140,9 @@ first a baseline (frozen encoder + trained linear head), then the whole model.
   --cuda-graph auto|on|off
                         replay each training step's forward and backward as one CUDA graph
                         (captured at the second step; batches padded to --seq-len so that
-                        every step has one shape; AdamW runs after it, in place). auto
-                        (default): on with --device cuda unless --dropout or --nproc is set
+                        every step has one shape; AdamW runs after it, in place). auto: on
+                        with --device cuda unless --dropout or --nproc is set. Default off:
+                        not yet run on a GPU
   --nproc N             data parallelism: start N processes of this program (one per GPU
                         with --device cuda, cuda:0..N-1; threads split between them on the
                         CPU), each with 1/N of every batch; rank 0 logs and checkpoints.
