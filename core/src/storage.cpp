@@ -127,7 +127,7 @@ class Cache {
     const size_t cls = size_class(std::max<size_t>(1, nbytes + (guard ? kGuard : 0)));
     {
       std::lock_guard<std::mutex> gl(mu_);
-      auto own = owner_.find(p);
+      auto own = owner_.empty() ? owner_.end() : owner_.find(p);  // no lookup without pools
       if (own != owner_.end()) {
         Pool& pool = *own->second;
         if (!pool.released) {  // kept for the graph that may replay into it
@@ -159,7 +159,7 @@ class Cache {
 
   std::shared_ptr<Pool> begin_pool() {
     std::lock_guard<std::mutex> g(mu_);
-    TAPER_CHECK(!active_, "begin_private_pool: ", dev_.to_string(),
+    TAPER_CHECK(!active_, "PrivatePool: ", dev_.to_string(),
                 " already routes its allocations to a private pool (one capture at a time)");
     active_ = std::make_shared<Pool>();
     active_->active = true;
@@ -175,18 +175,33 @@ class Cache {
   /// The pool's graph is gone: its free blocks go to the cache; live ones return there when
   /// freed.
   void release_pool(Pool& pool) {
-    std::lock_guard<std::mutex> g(mu_);
-    if (active_.get() == &pool) active_.reset();
-    pool.released = true;
-    for (auto& [cls, v] : pool.free) {
-      for (void* p : v) {
-        owner_.erase(p);
-        in_use_ -= cls;
-        free_[cls].push_back(p);
-        cached_ += cls;
+    std::vector<void*> give_back;  // with the cache off: to the backend, outside the lock
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (active_.get() == &pool) active_.reset();
+      pool.released = true;
+      for (auto& [cls, v] : pool.free) {
+        for (void* p : v) {
+          owner_.erase(p);
+          in_use_ -= cls;
+          if (enabled_) {
+            free_[cls].push_back(p);
+            cached_ += cls;
+          } else {
+            give_back.push_back(p);
+          }
+        }
+      }
+      pool.free.clear();
+    }
+    DeviceBackend& be = device_backend(dev_.kind());
+    for (void* p : give_back) {
+      try {
+        be.raw_free(dev_, p);
+      } catch (const Error&) {
+        // Called from a destructor: a failing free (a device already torn down) is not thrown.
       }
     }
-    pool.free.clear();
   }
 
   void trim() {

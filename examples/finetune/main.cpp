@@ -372,14 +372,23 @@ class Batcher {
 /// A training step's forward and backward replayed as one CUDA graph (--cuda-graph). The first
 /// step runs eagerly: AdamW makes its state and the libraries set themselves up outside the
 /// capture. The second is captured, then replayed; every later one copies its batch into the
-/// static inputs and replays. The loss and the GradStore it returns are the graph's outputs,
-/// rewritten by each replay. The optimizer runs after it and must update the parameters in
-/// place: check_params() throws if one moved (a graph would read stale weights).
+/// static inputs and replays. The loss it returns is the graph's output, rewritten by each
+/// replay. The optimizer runs after it, eagerly, and must update the parameters in place: a
+/// parameter that moved to new storage is an Error (the graph would read stale weights).
 class GraphedStep {
  public:
   explicit GraphedStep(Device dev) : dev_(dev) {}
 
-  /// `loss_of(ids, mask, labels)` is the step's loss; its gradients are in grads() after.
+  /// One training step on `b`: `loss_of(ids, mask, labels)` is the loss; `opt` steps on its
+  /// gradients. Returns the loss.
+  template <class F> Tensor train(const Batch& b, nn::Optimizer& opt, F&& loss_of) {
+    const Tensor loss = run(b, opt.parameters(), loss_of);
+    opt.step(grads_);
+    check_params(opt.parameters());
+    return loss;
+  }
+
+ private:
   template <class F> Tensor run(const Batch& b, const std::vector<Var>& params, F&& loss_of) {
     if (!ids_.defined()) {
       ids_ = Tensor::empty(b.ids.shape(), b.ids.dtype(), dev_);
@@ -412,7 +421,6 @@ class GraphedStep {
     }
     return loss_;
   }
-  const GradStore& grads() const { return grads_; }
 
   /// Throws unless every parameter is where the capture read it.
   void check_params(const std::vector<Var>& params) const {
@@ -424,7 +432,6 @@ class GraphedStep {
                   "weights; run with --cuda-graph off");
   }
 
- private:
   Device dev_;
   Tensor ids_, mask_, labels_, loss_;
   GradStore grads_;
@@ -717,7 +724,6 @@ int bench_train(const Flags& f, Device dev, DType dt, const fs::path& model_dir,
   };
   std::optional<GraphedStep> graphed;
   if (use_cuda_graph(f, dev, group != nullptr)) graphed.emplace(dev);
-  const std::vector<Var> params = opt.parameters();
   Batch batch;
   batch.ids = ids;
   batch.mask = mask;
@@ -725,14 +731,7 @@ int bench_train(const Flags& f, Device dev, DType dt, const fs::path& model_dir,
   auto step = [&] {
     const auto t0 = Clock::now();
     const uint64_t k0 = kernel_calls(dev.kind());
-    Tensor loss;
-    if (graphed) {
-      loss = graphed->run(batch, params, loss_of);
-      opt.step(graphed->grads());
-      graphed->check_params(params);
-    } else {
-      loss = eager_step();
-    }
+    const Tensor loss = graphed ? graphed->train(batch, opt, loss_of) : eager_step();
     host_s = since(t0);
     calls = kernel_calls(dev.kind()) - k0;
     return loss.item();
@@ -893,7 +892,6 @@ int run(Flags f) {
     graphed.emplace(dev);
     train_b.pad_to_seq_len(true);
   }
-  const std::vector<Var> params = opt.parameters();
   const auto t_train = Clock::now();
   size_t tokens = 0, window_tokens = 0;
   double window_loss = 0.0;
@@ -917,9 +915,7 @@ int run(Flags f) {
     };
     Tensor loss;
     if (graphed) {
-      loss = graphed->run(b, params, loss_of);
-      opt.step(graphed->grads());
-      graphed->check_params(params);
+      loss = graphed->train(b, opt, loss_of);
     } else {
       loss = loss_of(b.ids, b.mask, b.labels);
       GradStore g = !ddp ? loss.backward()
