@@ -81,6 +81,14 @@ cublasHandle_t handle(int ordinal, const Tensor& a, const Tensor& b) {
     TAPER_CUBLAS_CHECK(cublasCreate(&nh), a, b);
     try {
       TAPER_CUBLAS_CHECK(cublasSetStream(nh, s), a, b);
+      // A workspace of our own, fixed for the handle's life (set after the stream, which resets
+      // it): eager calls and calls captured into a cuda::Graph then see the same workspace, so
+      // cuBLAS picks the same algorithm and gives the same bits; no allocation happens inside a
+      // capture. 32 MiB, what cuBLAS recommends for Hopper. Leaked with the handle.
+      constexpr size_t kWorkspace = size_t(32) << 20;
+      void* ws = nullptr;
+      TAPER_CUDA_CHECK(cudaMalloc(&ws, kWorkspace));
+      TAPER_CUBLAS_CHECK(cublasSetWorkspace(nh, ws, kWorkspace), a, b);
       TAPER_CUBLAS_CHECK(cublasSetMathMode(nh, static_cast<cublasMath_t>(
                                                    CUBLAS_DEFAULT_MATH |
                                                    CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),

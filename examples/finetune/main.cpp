@@ -41,6 +41,8 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "examples/finetune/bert.h"
@@ -375,9 +377,12 @@ class Batcher {
 /// static inputs and replays. The loss it returns is the graph's output, rewritten by each
 /// replay. The optimizer runs after it, eagerly, and must update the parameters in place: a
 /// parameter that moved to new storage is an Error (the graph would read stale weights).
+/// Right after the capture the same batch also runs eagerly, and the replay must give its loss
+/// and every gradient bit for bit. When the capture fails or the bits differ, `strict`
+/// (--cuda-graph on) makes that an Error; otherwise the run says so and goes on eagerly.
 class GraphedStep {
  public:
-  explicit GraphedStep(Device dev) : dev_(dev) {}
+  GraphedStep(Device dev, bool strict) : dev_(dev), strict_(strict) {}
 
   /// One training step on `b`: `loss_of(ids, mask, labels)` is the loss; `opt` steps on its
   /// gradients. Returns the loss.
@@ -401,25 +406,67 @@ class GraphedStep {
     ids_.copy_from(b.ids);
     mask_.copy_from(b.mask);
     labels_.copy_from(b.labels);
-    auto step = [&] {
-      loss_ = loss_of(ids_, mask_, labels_);
-      grads_ = loss_.backward();
+    auto eager = [&] {
+      const Tensor l = loss_of(ids_, mask_, labels_);
+      return std::pair<Tensor, GradStore>(l, l.backward());
     };
-    if (calls_++ == 0) {
-      step();
-    } else {
-      if (!graph_.captured()) {
-        at_.clear();
-        for (const Var& p : params) at_.push_back(p.data_ptr());
-        graph_.capture(dev_, step);
-        std::printf("cuda-graph: the step's forward and backward captured (%.1f MiB of device "
-                    "memory held for it); each later step replays them in one launch\n",
-                    static_cast<double>(graph_.pool_bytes()) / (1 << 20));
-        std::fflush(stdout);
-      }
+    if (calls_++ == 0 || eager_) {
+      std::tie(loss_, grads_) = eager();
+    } else if (graph_.captured()) {
       graph_.replay();
+    } else {
+      at_.clear();
+      for (const Var& p : params) at_.push_back(p.data_ptr());
+      std::string failed;
+      try {
+        graph_.capture(dev_, [&] { std::tie(loss_, grads_) = eager(); });
+      } catch (const Error& e) {
+        failed = std::string("the capture failed: ") + e.what();
+      }
+      // The check: this batch eagerly, then the replay, which must give the same bits.
+      auto [le, ge] = eager();
+      if (failed.empty()) {
+        graph_.replay();
+        failed = first_difference(le, ge, params);
+      }
+      if (!failed.empty()) {
+        TAPER_CHECK(!strict_, "--cuda-graph on: ", failed);
+        std::printf("cuda-graph: %s; the run goes on without a graph\n", failed.c_str());
+        eager_ = true;
+        graph_ = cuda::Graph();
+        loss_ = le;
+        grads_ = std::move(ge);
+      } else {
+        std::printf("cuda-graph: the step's forward and backward captured (%.1f MiB of device "
+                    "memory held for it) and checked bit for bit against the eager step; each "
+                    "later step replays them in one launch\n",
+                    static_cast<double>(graph_.pool_bytes()) / (1 << 20));
+      }
+      std::fflush(stdout);
     }
     return loss_;
+  }
+
+  /// "" when the replay's loss and gradients are the eager step's bits, else what differs.
+  std::string first_difference(const Tensor& loss, const GradStore& grads,
+                               const std::vector<Var>& params) const {
+    auto same = [](const Tensor& a, const Tensor& b) {
+      if (a.defined() != b.defined()) return false;
+      if (!a.defined()) return true;
+      const Tensor ha = a.to_device(Device::cpu()).contiguous();
+      const Tensor hb = b.to_device(Device::cpu()).contiguous();
+      return ha.shape() == hb.shape() && ha.dtype() == hb.dtype() &&
+             std::memcmp(ha.data_ptr(), hb.data_ptr(),
+                         ha.elem_count() * dtype_size(ha.dtype())) == 0;
+    };
+    if (!same(loss, loss_)) return "the replayed loss differs from the eager step's";
+    for (size_t i = 0; i < params.size(); ++i) {
+      const std::optional<Tensor> a = grads.get(params[i]), b = grads_.get(params[i]);
+      if (a.has_value() != b.has_value() || (a && !same(*a, *b)))
+        return detail::str_cat("the replayed gradient of parameter ", i, " ",
+                               params[i].shape().to_string(), " differs from the eager step's");
+    }
+    return "";
   }
 
   /// Throws unless every parameter is where the capture read it.
@@ -433,6 +480,8 @@ class GraphedStep {
   }
 
   Device dev_;
+  bool strict_;
+  bool eager_ = false;  ///< the graph failed its check: every step runs eagerly
   Tensor ids_, mask_, labels_, loss_;
   GradStore grads_;
   cuda::Graph graph_;
@@ -723,7 +772,7 @@ int bench_train(const Flags& f, Device dev, DType dt, const fs::path& model_dir,
     return loss;
   };
   std::optional<GraphedStep> graphed;
-  if (use_cuda_graph(f, dev, group != nullptr)) graphed.emplace(dev);
+  if (use_cuda_graph(f, dev, group != nullptr)) graphed.emplace(dev, f.cuda_graph == "on");
   Batch batch;
   batch.ids = ids;
   batch.mask = mask;
@@ -889,7 +938,7 @@ int run(Flags f) {
   // The step as a CUDA graph: every batch padded to --seq-len, one shape to replay.
   std::optional<GraphedStep> graphed;
   if (use_cuda_graph(f, dev, group != nullptr)) {
-    graphed.emplace(dev);
+    graphed.emplace(dev, f.cuda_graph == "on");
     train_b.pad_to_seq_len(true);
   }
   const auto t_train = Clock::now();
