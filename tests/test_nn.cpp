@@ -428,6 +428,29 @@ TEST(NnAttention, DropoutOnlyInTraining) {
   EXPECT_EQ(values(mha(x)), values(mha(x)));
 }
 
+// Issue 17: what the graph of attention holds at (B, H, T, S). The scores are (B, H, T, S) twice
+// over (before and after the mask) and so is softmax's output; the backward reads the masked
+// scores (softmax recomputes its output from them and the row stats) and the output (the
+// product with v), not the unmasked scores: two (B, H, T, S) tensors stay, not three.
+TEST(NnAttention, GraphKeepsTwoScoreSizedTensors) {
+  const Device cpu = Device::cpu();
+  const size_t b = 2, h = 3, t = 64, d = 4;
+  const Var q = Var::from_tensor(random_tensor({b, h, t, d}, DType::F32, 70));
+  const Var k = Var::from_tensor(random_tensor({b, h, t, d}, DType::F32, 71));
+  const Var v = Var::from_tensor(random_tensor({b, h, t, d}, DType::F32, 72));
+  const Tensor am = Tensor::ones({b, t}, DType::U8);
+  const Tensor mask = F::padding_mask(am, DType::F32);
+  const size_t scores = b * h * t * t * sizeof(float), small = b * h * t * d * sizeof(float);
+  const size_t base = memory_stats(cpu).in_use;
+  const Tensor o = F::scaled_dot_product_attention(q, k, v, mask);
+  const size_t held = memory_stats(cpu).in_use - base;
+  // Two score-sized tensors, plus q / sqrt(D), the output and the row stats (each far smaller).
+  EXPECT_GE(held, 2 * scores);
+  EXPECT_LT(held, 2 * scores + 4 * small) << held << " bytes for scores of " << scores;
+  GradStore g = o.sum_all().backward();
+  EXPECT_TRUE(g.get(q) && g.get(k) && g.get(v));
+}
+
 /// The encoder layer assembled from functional ops and the layer's parameters.
 Tensor encoder_reference(TransformerEncoderLayer& l, const Tensor& x, const Tensor& mask) {
   const auto& o = l.options();

@@ -203,7 +203,7 @@ TEST(NnOptim, UpdatesInPlaceUnlessSomethingElseReadsTheParameter) {
         opt->step(loss().backward());  // the graph is released: the storage is w's alone
         EXPECT_EQ(w.data_ptr(), at);
         EXPECT_NE(values(w), before);
-        const Tensor pending = loss();  // holds w's storage until its backward
+        const Tensor pending = (w * w).sum_all();  // w * w's rule reads w: holds its storage
         const std::vector<double> seen = values(w);
         opt->step(grad_of(w, 1.0));
         EXPECT_NE(w.data_ptr(), at);  // a new value: the recorded graph keeps the old one
@@ -214,6 +214,11 @@ TEST(NnOptim, UpdatesInPlaceUnlessSomethingElseReadsTheParameter) {
         EXPECT_NE(w.data_ptr(), at2);
         EXPECT_TRUE(view.defined() && pending.defined());
       }
+      // x is frozen: x @ w's rule reads x (for dw), not w, so its graph holds no w.
+      const Tensor frozen = loss();
+      const void* at = w.data_ptr();
+      adam.step(grad_of(w, 1.0));
+      EXPECT_EQ(w.data_ptr(), at);
     }
   }
 }

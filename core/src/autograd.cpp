@@ -4,6 +4,8 @@
 // a 100 000-op chain is fine), runs each node's bwd hook once all its output gradients are in,
 // accumulates gradients on fan-in, and releases each node's saved tensors once it has run.
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -15,6 +17,19 @@ namespace {
 thread_local bool t_grad_enabled = true;
 thread_local std::vector<Tensor> t_release_queue;
 thread_local bool t_releasing = false;
+
+/// One empty block per device: the storage of every value-free tensor there (leaked on purpose,
+/// as the allocator's caches: it outlives static tensors).
+const std::shared_ptr<Storage>& empty_storage(Device dev) {
+  static auto* cpu = new std::shared_ptr<Storage>(std::make_shared<Storage>(Device::cpu(), 0));
+  if (dev.is_cpu()) return *cpu;
+  static std::mutex* mu = new std::mutex();
+  static auto* blocks = new std::map<std::pair<int, int>, std::shared_ptr<Storage>>();
+  std::lock_guard<std::mutex> g(*mu);
+  std::shared_ptr<Storage>& s = (*blocks)[{static_cast<int>(dev.kind()), dev.ordinal()}];
+  if (!s) s = std::make_shared<Storage>(dev, 0);
+  return s;
+}
 }  // namespace
 
 // Destroying a long chain would recurse through Node -> Tensor -> Node ...: queue the inputs and
@@ -30,6 +45,17 @@ Node::~Node() {
     t_release_queue.pop_back();
   }
   t_releasing = false;
+}
+
+Tensor value_free(const Tensor& t) {
+  if (!t.defined()) return t;
+  auto impl = std::make_shared<TensorImpl>(*t.impl_ptr());
+  if (t.elem_count() > 0) impl->storage = empty_storage(t.device());  // else: nothing to free
+  return Tensor(std::move(impl));
+}
+
+bool is_value_free(const Tensor& t) {
+  return t.defined() && t.storage()->nbytes() == 0 && t.elem_count() > 0;
 }
 
 bool grad_enabled() { return t_grad_enabled; }

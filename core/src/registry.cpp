@@ -104,16 +104,28 @@ std::vector<Tensor> record(OpId op, const std::vector<Tensor>& in, std::vector<T
     auto node = std::make_shared<Node>();
     node->op = op;
     node->attrs = attrs;
-    // A Var's value may be replaced (Var::set, an optimizer step) before backward runs: the
-    // node keeps the value it saw, under the Var's identity, so the gradient is the recorded
-    // graph's and accumulates for that Var.
+    // The node keeps alive only the values its backward rule reads (SAVES in backward.cpp):
+    // any other input is kept value-free (shape, dtype, device, identity and edge), any other
+    // output not at all, so an activation no rule reads is freed as soon as the forward is done
+    // with it. A Var's value may be replaced (Var::set, an optimizer step) before backward
+    // runs: the node keeps the value it saw, under the Var's identity, so the gradient is the
+    // recorded graph's and accumulates for that Var.
+    const SavedValues keep = saved_values_rule(op)(in);
     node->inputs.reserve(in.size());
-    for (const Tensor& t : in)
-      node->inputs.push_back(t.defined() && t.impl_ptr()->is_var
-                                 ? Tensor(std::make_shared<TensorImpl>(*t.impl_ptr()))
-                                 : t);
+    for (size_t i = 0; i < in.size(); ++i) {
+      const Tensor& t = in[i];
+      if (!t.defined())
+        node->inputs.push_back(t);
+      else if (!keep.input(i))
+        node->inputs.push_back(value_free(t));
+      else
+        node->inputs.push_back(t.impl_ptr()->is_var
+                                   ? Tensor(std::make_shared<TensorImpl>(*t.impl_ptr()))
+                                   : t);
+    }
     node->outputs.reserve(outs.size());
-    for (const Tensor& o : outs) node->outputs.push_back(o.detach());
+    for (size_t k = 0; k < outs.size(); ++k)
+      node->outputs.push_back(keep.output(k) ? outs[k].detach() : Tensor());
     for (int i = 0; i < d.n_out; ++i) {
       // Kernel outputs are fresh handles: give them the edge in place.
       TensorImpl& impl = *outs[i].impl_ptr();
@@ -179,6 +191,12 @@ std::vector<Tensor> dispatch(OpId op, const std::vector<Tensor>& in, const OpAtt
   TAPER_CHECK(dev.is_cpu() || (dev.ordinal() >= 0 && dev.ordinal() < device_count(dev.kind())),
               d.name, ": device ", dev.to_string(), " is not available (",
               device_count(dev.kind()), " such devices present)");
+  // A value-free input is a graph node's record of a value its backward rule declared it would
+  // not read (SAVES in backward.cpp): reading it is a bug of that rule, not garbage to compute on.
+  for (const Tensor& t : in)
+    TAPER_CHECK(!is_value_free(t), "internal error: ", d.name, " was given a value-free ",
+                t.shape().to_string(), " ", dtype_name(t.dtype()),
+                " tensor (a backward rule read a value its SAVES line does not keep)");
   const KernelSlot& slot = d.kernels[static_cast<int>(dev.kind())];
   const bool has = slot.fn != nullptr && (slot.dtypes & dtype_bit(dt)) != 0;
   if (d.composed && (!has || t_composed_only[static_cast<size_t>(op)])) {

@@ -19,8 +19,12 @@ namespace taper {
 struct Node {
   OpId op;
   OpAttrs attrs;
-  std::vector<Tensor> inputs;   ///< as given to the op (they hold their own edges)
-  std::vector<Tensor> outputs;  ///< detached forward outputs, saved tensors included
+  /// As given to the op (they hold their own edges); value-free (`value_free`) where the
+  /// backward rule does not read them (`SavedValues`).
+  std::vector<Tensor> inputs;
+  /// The detached forward outputs, saved tensors included; undefined where the backward rule
+  /// does not read them.
+  std::vector<Tensor> outputs;
   bool released = false;
   ~Node();
 };
@@ -63,5 +67,30 @@ std::vector<uint64_t> graph_leaves(const Tensor& root);
 
 /// The backward rule of `op`, registered in core/src/backward.cpp.
 BwdFn backward_rule(OpId op);
+
+/// The values a backward rule reads of its node: bit i of `inputs` for input i, bit k of
+/// `outputs` for forward output k (saved outputs included). A recorded node keeps only these
+/// alive until backward: of every other input it keeps the shape, dtype, device, identity and
+/// graph edge but not the bytes (a value-free tensor), and every other output it drops, so an
+/// activation lives only as long as some rule will read it.
+struct SavedValues {
+  uint32_t inputs = 0;
+  uint32_t outputs = 0;
+  bool input(size_t i) const { return i < 32 && ((inputs >> i) & 1u) != 0; }
+  bool output(size_t k) const { return k < 32 && ((outputs >> k) & 1u) != 0; }
+};
+/// What a rule reads, given the op's inputs as recorded (a product's rule reads one operand
+/// only when the other needs a gradient).
+using SavesFn = SavedValues (*)(const std::vector<Tensor>& in);
+/// What `op`'s backward rule reads, declared beside the rule in core/src/backward.cpp; null for
+/// the ops marked non-differentiable.
+SavesFn saved_values_rule(OpId op);
+
+/// A handle with `t`'s shape, strides, dtype, device, identity and graph edge but none of its
+/// bytes (its storage is an empty block of the same device): what a node keeps of an input
+/// its rule does not read. Running an op on it is an Error.
+Tensor value_free(const Tensor& t);
+/// Whether `t` is such a handle (an empty storage under a non-empty shape).
+bool is_value_free(const Tensor& t);
 
 }  // namespace taper
