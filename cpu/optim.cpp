@@ -3,7 +3,8 @@
 // in = {w, g, m, v} (f32 or f64, contiguous, one shape), attrs.reals = {decay, b1, b2, eps,
 // step_size = lr / (1 - b1^t), bc2_sqrt = sqrt(1 - b2^t)} -> out = {w', m', v'} (with
 // attrs.flag, written over w, m and v and returned as those tensors: each element is read
-// before it is written, by the same iteration):
+// before it is written, by the same iteration; in[4], when present, a bf16/f16 parameter whose
+// f32 master w is, receives w' rounded once to nearest-even, in the same pass):
 //   m' = m + (g - m) (1 - b1),  v' = v b2 + (g g) (1 - b2),
 //   w' = w decay - (m' / (sqrt(v') / bc2_sqrt + eps)) step_size,
 // each scalar rounded to the dtype and each operation rounded in that order, exactly as the
@@ -20,9 +21,9 @@
 namespace taper::cpu {
 namespace {
 
-template <class T>
-void adamw_range(const T* w, const T* g, const T* m, const T* v, T* wo, T* mo, T* vo, size_t b,
-                 size_t e, const std::vector<double>& r) {
+template <class T, class H>
+void adamw_range(const T* w, const T* g, const T* m, const T* v, T* wo, T* mo, T* vo, H* ho,
+                 size_t b, size_t e, const std::vector<double>& r) {
   const T decay = T(r[0]), c1 = T(1.0 - r[1]), b2 = T(r[2]), c2 = T(1.0 - r[2]), eps = T(r[3]),
           step = T(r[4]), bc2 = T(r[5]);
   for (size_t i = b; i < e; ++i) {
@@ -31,13 +32,20 @@ void adamw_range(const T* w, const T* g, const T* m, const T* v, T* wo, T* mo, T
     const T vi = v[i] * b2 + (gi * gi) * c2;
     mo[i] = mi;
     vo[i] = vi;
-    wo[i] = w[i] * decay - (mi / (std::sqrt(vi) / bc2 + eps)) * step;
+    const T wi = w[i] * decay - (mi / (std::sqrt(vi) / bc2 + eps)) * step;
+    wo[i] = wi;
+    if constexpr (!std::is_same_v<H, T>) ho[i] = cast_value<H>(wi);
   }
 }
 
 std::vector<Tensor> adamw_step_kernel(const std::vector<Tensor>& in, const OpAttrs& attrs) {
   TAPER_ASSERT(attrs.reals.size() == 6);
   const Tensor& w = in[0];
+  TAPER_CHECK(!present(in, 4) || (w.dtype() == DType::F32 && is_half(in[4].dtype()) &&
+                                  in[4].shape() == w.shape()),
+              "adamw_step: the rounded parameter must be a bf16/f16 ", w.shape().to_string(),
+              " beside an f32 master, got ", dtype_name(in[4].dtype()), " ",
+              in[4].shape().to_string(), " beside ", dtype_name(w.dtype()));
   std::vector<Tensor> out;
   if (attrs.flag)
     out = {in[0], in[2], in[3]};
@@ -47,10 +55,17 @@ std::vector<Tensor> adamw_step_kernel(const std::vector<Tensor>& in, const OpAtt
   visit_dtype(w.dtype(), [&](auto tag) {
     using T = decltype(tag);
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-      parallel_for(n, size_t(1) << 16, [&](size_t b, size_t e) {
-        adamw_range<T>(in[0].data<T>(), in[1].data<T>(), in[2].data<T>(), in[3].data<T>(),
-                       out[0].data<T>(), out[1].data<T>(), out[2].data<T>(), b, e, attrs.reals);
-      });
+      auto run = [&](auto* half) {
+        using H = std::remove_pointer_t<decltype(half)>;
+        parallel_for(n, size_t(1) << 16, [&](size_t b, size_t e) {
+          adamw_range<T, H>(in[0].data<T>(), in[1].data<T>(), in[2].data<T>(), in[3].data<T>(),
+                            out[0].data<T>(), out[1].data<T>(), out[2].data<T>(), half, b, e,
+                            attrs.reals);
+        });
+      };
+      if (!present(in, 4)) run(static_cast<T*>(nullptr));
+      else if (in[4].dtype() == DType::BF16) run(in[4].data<bf16>());
+      else run(in[4].data<f16>());
     }
   });
   return out;

@@ -3,7 +3,8 @@
 // gives the CPU's bits (sqrt and / are correctly rounded; --fmad=false keeps every product and
 // sum rounded on its own). One pass: 4 reads and 3 writes per element; in place (attrs.flag)
 // the outputs are w, m and v themselves (so the pointers carry no __restrict__: each element is
-// read before the same thread writes it).
+// read before the same thread writes it). in[4], when present, is the bf16/f16 parameter of the
+// f32 master w: it receives w' rounded once, in the same pass (cast_value, the CPU's rounding).
 #include "cuda/cuda_common.cuh"
 
 namespace taper::cuda {
@@ -13,9 +14,9 @@ template <class T> struct AdamWScalars {
   T decay, c1, b2, c2, eps, step, bc2;
 };
 
-template <class T>
+template <class T, class H>
 __global__ void adamw_kernel(const T* w, const T* __restrict__ g, const T* m, const T* v, T* wo,
-                             T* mo, T* vo, int64_t n, AdamWScalars<T> s) {
+                             T* mo, T* vo, H* __restrict__ ho, int64_t n, AdamWScalars<T> s) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const T gi = g[i], mi0 = m[i];
@@ -23,13 +24,20 @@ __global__ void adamw_kernel(const T* w, const T* __restrict__ g, const T* m, co
     const T vi = v[i] * s.b2 + (gi * gi) * s.c2;
     mo[i] = mi;
     vo[i] = vi;
-    wo[i] = w[i] * s.decay - (mi / (sqrt(vi) / s.bc2 + s.eps)) * s.step;
+    const T wi = w[i] * s.decay - (mi / (sqrt(vi) / s.bc2 + s.eps)) * s.step;
+    wo[i] = wi;
+    if constexpr (!std::is_same_v<H, T>) ho[i] = cast_value<H>(wi);
   }
 }
 
 std::vector<Tensor> adamw_step_kernel(const std::vector<Tensor>& in, const OpAttrs& attrs) {
   TAPER_CHECK(attrs.reals.size() == 6, "adamw_step: needs 6 scalars, got ", attrs.reals.size());
   const Tensor& w = in[0];
+  TAPER_CHECK(!present(in, 4) || (w.dtype() == DType::F32 && is_half(in[4].dtype()) &&
+                                  in[4].shape() == w.shape()),
+              "adamw_step: the rounded parameter must be a bf16/f16 ", w.shape().to_string(),
+              " beside an f32 master, got ", dtype_name(in[4].dtype()), " ",
+              in[4].shape().to_string(), " beside ", dtype_name(w.dtype()));
   std::vector<Tensor> out;
   if (attrs.flag)
     out = {in[0], in[2], in[3]};
@@ -44,9 +52,15 @@ std::vector<Tensor> adamw_step_kernel(const std::vector<Tensor>& in, const OpAtt
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
       const AdamWScalars<T> s{T(r[0]), T(1.0 - r[1]), T(r[2]), T(1.0 - r[2]), T(r[3]), T(r[4]),
                               T(r[5])};
-      adamw_kernel<T><<<grid_for(static_cast<size_t>(n), dev), kThreads, 0, stream(dev)>>>(
-          ptr<T>(in[0]), ptr<T>(in[1]), ptr<T>(in[2]), ptr<T>(in[3]), ptr<T>(out[0]),
-          ptr<T>(out[1]), ptr<T>(out[2]), n, s);
+      auto run = [&](auto* half) {
+        using H = std::remove_pointer_t<decltype(half)>;
+        adamw_kernel<T, H><<<grid_for(static_cast<size_t>(n), dev), kThreads, 0, stream(dev)>>>(
+            ptr<T>(in[0]), ptr<T>(in[1]), ptr<T>(in[2]), ptr<T>(in[3]), ptr<T>(out[0]),
+            ptr<T>(out[1]), ptr<T>(out[2]), half, n, s);
+      };
+      if (!present(in, 4)) run(static_cast<T*>(nullptr));
+      else if (in[4].dtype() == DType::BF16) run(ptr<bf16>(in[4]));
+      else run(ptr<f16>(in[4]));
       TAPER_CUDA_CHECK_LAUNCH("adamw_step", in);
     }
   });

@@ -238,13 +238,15 @@ std::vector<Tensor> group_norm_bwd_fn(const std::vector<Tensor>& in, const OpAtt
 
 /// The AdamW update from primitive ops, in = {w, g, m, v}, attrs.reals = {decay, b1, b2, eps,
 /// step_size, bc2_sqrt}: the same operations in the same order as cpu/optim.cpp's kernel. In
-/// place (attrs.flag) the results are copied over w, m and v, which are returned.
+/// place (attrs.flag) the results are copied over w, m and v, which are returned. in[4], when
+/// present (a bf16/f16 parameter of the f32 master w), receives w' rounded once.
 std::vector<Tensor> adamw_step_fn(const std::vector<Tensor>& in, const OpAttrs& a) {
   const Tensor &w = in[0], &g = in[1], &m = in[2], &v = in[3];
   const std::vector<double>& r = a.reals;
   const Tensor m1 = m + (g - m) * (1.0 - r[1]);
   const Tensor v1 = v * r[2] + (g * g) * (1.0 - r[2]);
   const Tensor w1 = w * r[0] - (m1 / (v1.sqrt() / r[5] + r[3])) * r[4];
+  if (present(in, 4)) in[4].copy_from(w1);
   if (!a.flag) return {w1, m1, v1};
   w.copy_from(w1);
   m.copy_from(m1);

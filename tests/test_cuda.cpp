@@ -2213,9 +2213,9 @@ TEST_F(CudaOptim, AdamWStepMatchesCpuBitForBit) {
       SCOPED_TRACE(std::string(dtype_name(dt)) + " " + s.to_string());
       const std::vector<Tensor> in = {random_tensor(s, dt, 1), random_tensor(s, dt, 2, -0.1, 0.1),
                                       random_tensor(s, dt, 3, -0.01, 0.01),
-                                      random_tensor(s, dt, 4, 0.0, 1e-4)};
+                                      random_tensor(s, dt, 4, 0.0, 1e-4), Tensor()};
       std::vector<Tensor> ing;
-      for (const Tensor& x : in) ing.push_back(to_gpu(x));
+      for (const Tensor& x : in) ing.push_back(x.defined() ? to_gpu(x) : x);
       const std::vector<Tensor> oc = dispatch(*op, in, a), og = dispatch(*op, ing, a);
       ASSERT_EQ(oc.size(), og.size());
       for (size_t k = 0; k < oc.size(); ++k) {
@@ -2226,13 +2226,23 @@ TEST_F(CudaOptim, AdamWStepMatchesCpuBitForBit) {
       OpAttrs ai = a;
       ai.flag = true;
       std::vector<Tensor> inp;
-      for (const Tensor& x : in) inp.push_back(to_gpu(x));
+      for (const Tensor& x : in) inp.push_back(x.defined() ? to_gpu(x) : x);
       const std::vector<Tensor> oi = dispatch(*op, inp, ai);
       ASSERT_EQ(oi.size(), 3u);
       const size_t from[3] = {0, 2, 3};
       for (size_t k = 0; k < 3; ++k) {
         EXPECT_EQ(oi[k].data_ptr(), inp[from[k]].data_ptr()) << "in-place output " << k;
         EXPECT_TRUE(same_bits(oi[k], oc[k])) << "in-place output " << k;
+      }
+      // An f32 master's bf16/f16 parameter, given w' rounded in the same pass: to_dtype's bits.
+      if (dt == DType::F32) {
+        for (DType hd : {DType::BF16, DType::F16}) {
+          std::vector<Tensor> inh;
+          for (const Tensor& x : in) inh.push_back(x.defined() ? to_gpu(x) : x);
+          inh[4] = Tensor::zeros(s, hd, kGpu);
+          (void)dispatch(*op, inh, ai);
+          EXPECT_TRUE(same_bits(inh[4], oc[0].to_dtype(hd))) << dtype_name(hd);
+        }
       }
     }
   }

@@ -88,11 +88,16 @@ TEST(NnOptim, AdamWFusedMatchesComposed) {
   // The adamw_step op (its kernel), the op's composed form (ComposedOnlyGuard) and the
   // tensor-op update (fused(false)) do the same operations in the same order: the same bits, on
   // every device of test_devices().
+  // Parameters that share one storage are updated through new values; parameters of their own
+  // in place (a half parameter then takes its rounding inside the fused op).
   for (Device dev : test_devices()) {
-    for (DType dt : {DType::F32, DType::F64, DType::BF16}) {
-      SCOPED_TRACE(dev.to_string() + " " + std::string(dtype_name(dt)));
+    for (DType dt : {DType::F32, DType::F64, DType::BF16, DType::F16}) {
+      for (bool shared : {true, false}) {
+      SCOPED_TRACE(dev.to_string() + " " + std::string(dtype_name(dt)) +
+                   (shared ? " shared" : " own storage"));
       const Tensor init = random_tensor({37, 5}, dt, dev, 1);
-      Var a = Var::from_tensor(init), b = Var::from_tensor(init), c = Var::from_tensor(init);
+      auto make = [&] { return Var::from_tensor(shared ? init : init * 1.0); };
+      Var a = make(), b = make(), c = make();
       const AdamWOptions o = AdamWOptions(3e-2).weight_decay(0.05);
       AdamW fa({a}, AdamWOptions(o).fused(true)), fb({b}, AdamWOptions(o).fused(false)),
           fc({c}, AdamWOptions(o).fused(true));
@@ -110,6 +115,7 @@ TEST(NnOptim, AdamWFusedMatchesComposed) {
       EXPECT_EQ(values(a), values(b));
       EXPECT_EQ(values(a), values(c));
       EXPECT_NE(values(a), values(init));
+      }
     }
   }
 }

@@ -232,14 +232,23 @@ void AdamW::update(Var& p, State& s, const Tensor& g, double wd) {
     // tensor-op form below.
     // In place: m, v and w (the parameter's storage, or the master copy's) are overwritten;
     // a parameter that something else reads gets a copy updated instead (write_back sets it).
+    // A half parameter that may be overwritten gets the master's new value rounded in the same
+    // pass.
+    const bool round_into_p = is_half(p.dtype()) && s.writable;
     OpAttrs a;
     a.reals = {decay, b1, b2, eps, step_size, bc2_sqrt};
     a.flag = true;
-    const std::vector<Tensor> r = dispatch(
-        OpId::adamw_step, {in_place ? w.contiguous() : clone(w), gc, s.slot0, s.slot1}, a);
+    const std::vector<Tensor> r =
+        dispatch(OpId::adamw_step,
+                 {in_place ? w.contiguous() : clone(w), gc, s.slot0, s.slot1,
+                  round_into_p ? p.value() : Tensor()},
+                 a);
     s.slot0 = r[1];
     s.slot1 = r[2];
-    write_back(p, s, r[0]);
+    if (round_into_p)
+      s.master = r[0];
+    else
+      write_back(p, s, r[0]);
     return;
   }
   // The same update from tensor ops (AdamWOptions::fused(false)), in the op's order.

@@ -99,8 +99,9 @@ namespace taper {
   X(rms_norm_bwd, 4, 2, 0, false, "ints: need dw, need db; dtype: db's")                           \
   X(layer_norm_bwd, 5, 3, 0, false, "ints: need dw, need db; dtype: db's")                         \
   X(group_norm_bwd, 5, 3, 0, false, "i0: num_groups; ints: need dw, need db; dtype: db's")         \
-  /* optim (updates of the optimizers; flag: in place, the outputs are inputs 0, 2, 3) */       \
-  X(adamw_step, 4, 3, 0, false, "reals: decay, b1, b2, eps, lr / bc1, sqrt(bc2); flag: in place")
+  /* optim (updates of the optimizers; flag: in place, the outputs are inputs 0, 2, 3; input */ \
+  /* 4, when present: the bf16/f16 parameter of an f32 master, given w' rounded once) */        \
+  X(adamw_step, 5, 3, 0, false, "reals: decay, b1, b2, eps, lr / bc1, sqrt(bc2); flag: in place")
 
 /// Every op. `OpId::Count` is the table size.
 enum class OpId : uint16_t {
