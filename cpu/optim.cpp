@@ -4,7 +4,8 @@
 // step_size = lr / (1 - b1^t), bc2_sqrt = sqrt(1 - b2^t)} -> out = {w', m', v'} (with
 // attrs.flag, written over w, m and v and returned as those tensors: each element is read
 // before it is written, by the same iteration; in[4], when present, a bf16/f16 parameter whose
-// f32 master w is, receives w' rounded once to nearest-even, in the same pass):
+// f32 master w is, receives w' rounded once to nearest-even, in the same pass; with an f32 w the
+// gradient g may be bf16/f16, widened exactly as it is read):
 //   m' = m + (g - m) (1 - b1),  v' = v b2 + (g g) (1 - b2),
 //   w' = w decay - (m' / (sqrt(v') / bc2_sqrt + eps)) step_size,
 // each scalar rounded to the dtype and each operation rounded in that order, exactly as the
@@ -21,13 +22,13 @@
 namespace taper::cpu {
 namespace {
 
-template <class T, class H>
-void adamw_range(const T* w, const T* g, const T* m, const T* v, T* wo, T* mo, T* vo, H* ho,
+template <class T, class G, class H>
+void adamw_range(const T* w, const G* g, const T* m, const T* v, T* wo, T* mo, T* vo, H* ho,
                  size_t b, size_t e, const std::vector<double>& r) {
   const T decay = T(r[0]), c1 = T(1.0 - r[1]), b2 = T(r[2]), c2 = T(1.0 - r[2]), eps = T(r[3]),
           step = T(r[4]), bc2 = T(r[5]);
   for (size_t i = b; i < e; ++i) {
-    const T gi = g[i];
+    const T gi = static_cast<T>(g[i]);  // a half gradient widens exactly
     const T mi = m[i] + (gi - m[i]) * c1;
     const T vi = v[i] * b2 + (gi * gi) * c2;
     mo[i] = mi;
@@ -46,6 +47,10 @@ std::vector<Tensor> adamw_step_kernel(const std::vector<Tensor>& in, const OpAtt
               "adamw_step: the rounded parameter must be a bf16/f16 ", w.shape().to_string(),
               " beside an f32 master, got ", dtype_name(in[4].dtype()), " ",
               in[4].shape().to_string(), " beside ", dtype_name(w.dtype()));
+  TAPER_CHECK(in[1].dtype() == w.dtype() || (w.dtype() == DType::F32 && is_half(in[1].dtype())),
+              "adamw_step: a ", dtype_name(in[1].dtype()), " gradient for a ",
+              dtype_name(w.dtype()), " parameter (it must be the parameter's dtype, or bf16/f16 "
+              "for an f32 master)");
   std::vector<Tensor> out;
   if (attrs.flag)
     out = {in[0], in[2], in[3]};
@@ -55,17 +60,23 @@ std::vector<Tensor> adamw_step_kernel(const std::vector<Tensor>& in, const OpAtt
   visit_dtype(w.dtype(), [&](auto tag) {
     using T = decltype(tag);
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-      auto run = [&](auto* half) {
+      auto run = [&](auto* grad, auto* half) {
+        using G = std::remove_const_t<std::remove_pointer_t<decltype(grad)>>;
         using H = std::remove_pointer_t<decltype(half)>;
         parallel_for(n, size_t(1) << 16, [&](size_t b, size_t e) {
-          adamw_range<T, H>(in[0].data<T>(), in[1].data<T>(), in[2].data<T>(), in[3].data<T>(),
-                            out[0].data<T>(), out[1].data<T>(), out[2].data<T>(), half, b, e,
-                            attrs.reals);
+          adamw_range<T, G, H>(in[0].data<T>(), grad, in[2].data<T>(), in[3].data<T>(),
+                               out[0].data<T>(), out[1].data<T>(), out[2].data<T>(), half, b, e,
+                               attrs.reals);
         });
       };
-      if (!present(in, 4)) run(static_cast<T*>(nullptr));
-      else if (in[4].dtype() == DType::BF16) run(in[4].data<bf16>());
-      else run(in[4].data<f16>());
+      auto with_grad = [&](auto* half) {
+        if (in[1].dtype() == DType::BF16) run(in[1].data<bf16>(), half);
+        else if (in[1].dtype() == DType::F16) run(in[1].data<f16>(), half);
+        else run(in[1].data<T>(), half);
+      };
+      if (!present(in, 4)) with_grad(static_cast<T*>(nullptr));
+      else if (in[4].dtype() == DType::BF16) with_grad(in[4].data<bf16>());
+      else with_grad(in[4].data<f16>());
     }
   });
   return out;

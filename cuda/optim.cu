@@ -4,7 +4,8 @@
 // sum rounded on its own). One pass: 4 reads and 3 writes per element; in place (attrs.flag)
 // the outputs are w, m and v themselves (so the pointers carry no __restrict__: each element is
 // read before the same thread writes it). in[4], when present, is the bf16/f16 parameter of the
-// f32 master w: it receives w' rounded once, in the same pass (cast_value, the CPU's rounding).
+// f32 master w: it receives w' rounded once, in the same pass (cast_value, the CPU's rounding);
+// with an f32 w the gradient may be bf16/f16, widened exactly as it is read.
 #include "cuda/cuda_common.cuh"
 
 namespace taper::cuda {
@@ -14,12 +15,12 @@ template <class T> struct AdamWScalars {
   T decay, c1, b2, c2, eps, step, bc2;
 };
 
-template <class T, class H>
-__global__ void adamw_kernel(const T* w, const T* __restrict__ g, const T* m, const T* v, T* wo,
+template <class T, class G, class H>
+__global__ void adamw_kernel(const T* w, const G* __restrict__ g, const T* m, const T* v, T* wo,
                              T* mo, T* vo, H* __restrict__ ho, int64_t n, AdamWScalars<T> s) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const T gi = g[i], mi0 = m[i];
+    const T gi = static_cast<T>(g[i]), mi0 = m[i];  // a half gradient widens exactly
     const T mi = mi0 + (gi - mi0) * s.c1;
     const T vi = v[i] * s.b2 + (gi * gi) * s.c2;
     mo[i] = mi;
@@ -38,6 +39,10 @@ std::vector<Tensor> adamw_step_kernel(const std::vector<Tensor>& in, const OpAtt
               "adamw_step: the rounded parameter must be a bf16/f16 ", w.shape().to_string(),
               " beside an f32 master, got ", dtype_name(in[4].dtype()), " ",
               in[4].shape().to_string(), " beside ", dtype_name(w.dtype()));
+  TAPER_CHECK(in[1].dtype() == w.dtype() || (w.dtype() == DType::F32 && is_half(in[1].dtype())),
+              "adamw_step: a ", dtype_name(in[1].dtype()), " gradient for a ",
+              dtype_name(w.dtype()), " parameter (it must be the parameter's dtype, or bf16/f16 "
+              "for an f32 master)");
   std::vector<Tensor> out;
   if (attrs.flag)
     out = {in[0], in[2], in[3]};
@@ -52,15 +57,22 @@ std::vector<Tensor> adamw_step_kernel(const std::vector<Tensor>& in, const OpAtt
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
       const AdamWScalars<T> s{T(r[0]), T(1.0 - r[1]), T(r[2]), T(1.0 - r[2]), T(r[3]), T(r[4]),
                               T(r[5])};
-      auto run = [&](auto* half) {
+      auto run = [&](auto* grad, auto* half) {
+        using G = std::remove_const_t<std::remove_pointer_t<decltype(grad)>>;
         using H = std::remove_pointer_t<decltype(half)>;
-        adamw_kernel<T, H><<<grid_for(static_cast<size_t>(n), dev), kThreads, 0, stream(dev)>>>(
-            ptr<T>(in[0]), ptr<T>(in[1]), ptr<T>(in[2]), ptr<T>(in[3]), ptr<T>(out[0]),
-            ptr<T>(out[1]), ptr<T>(out[2]), half, n, s);
+        adamw_kernel<T, G, H>
+            <<<grid_for(static_cast<size_t>(n), dev), kThreads, 0, stream(dev)>>>(
+                ptr<T>(in[0]), grad, ptr<T>(in[2]), ptr<T>(in[3]), ptr<T>(out[0]),
+                ptr<T>(out[1]), ptr<T>(out[2]), half, n, s);
       };
-      if (!present(in, 4)) run(static_cast<T*>(nullptr));
-      else if (in[4].dtype() == DType::BF16) run(ptr<bf16>(in[4]));
-      else run(ptr<f16>(in[4]));
+      auto with_grad = [&](auto* half) {
+        if (in[1].dtype() == DType::BF16) run(ptr<bf16>(in[1]), half);
+        else if (in[1].dtype() == DType::F16) run(ptr<f16>(in[1]), half);
+        else run(ptr<T>(in[1]), half);
+      };
+      if (!present(in, 4)) with_grad(static_cast<T*>(nullptr));
+      else if (in[4].dtype() == DType::BF16) with_grad(ptr<bf16>(in[4]));
+      else with_grad(ptr<f16>(in[4]));
       TAPER_CUDA_CHECK_LAUNCH("adamw_step", in);
     }
   });

@@ -241,7 +241,8 @@ std::vector<Tensor> group_norm_bwd_fn(const std::vector<Tensor>& in, const OpAtt
 /// place (attrs.flag) the results are copied over w, m and v, which are returned. in[4], when
 /// present (a bf16/f16 parameter of the f32 master w), receives w' rounded once.
 std::vector<Tensor> adamw_step_fn(const std::vector<Tensor>& in, const OpAttrs& a) {
-  const Tensor &w = in[0], &g = in[1], &m = in[2], &v = in[3];
+  const Tensor &w = in[0], &m = in[2], &v = in[3];
+  const Tensor g = in[1].to_dtype(w.dtype());  // a half gradient of an f32 master widens exactly
   const std::vector<double>& r = a.reals;
   const Tensor m1 = m + (g - m) * (1.0 - r[1]);
   const Tensor v1 = v * r[2] + (g * g) * (1.0 - r[2]);

@@ -2242,6 +2242,13 @@ TEST_F(CudaOptim, AdamWStepMatchesCpuBitForBit) {
           inh[4] = Tensor::zeros(s, hd, kGpu);
           (void)dispatch(*op, inh, ai);
           EXPECT_TRUE(same_bits(inh[4], oc[0].to_dtype(hd))) << dtype_name(hd);
+          // A half gradient, widened as it is read: the CPU's bits.
+          std::vector<Tensor> hc = in, hg = ing;
+          hc[1] = in[1].to_dtype(hd);
+          hg[1] = to_gpu(hc[1]);
+          const std::vector<Tensor> rc = dispatch(*op, hc, a), rg = dispatch(*op, hg, a);
+          for (size_t k = 0; k < 3; ++k)
+            EXPECT_TRUE(same_bits(rg[k], rc[k])) << dtype_name(hd) << " gradient, output " << k;
         }
       }
     }

@@ -223,7 +223,6 @@ void AdamW::update(Var& p, State& s, const Tensor& g, double wd) {
   const double bc1 = 1.0 - std::pow(b1, double(s.step));
   const double bc2_sqrt = std::sqrt(1.0 - std::pow(b2, double(s.step)));
   const double step_size = lr_ / bc1, decay = 1.0 - lr_ * wd;
-  const Tensor gc = g.to_dtype(cd).contiguous();
   const bool in_place = is_half(p.dtype()) || s.writable;  // the master is ours
   Tensor w = compute_value(p, s);
 
@@ -238,9 +237,12 @@ void AdamW::update(Var& p, State& s, const Tensor& g, double wd) {
     OpAttrs a;
     a.reals = {decay, b1, b2, eps, step_size, bc2_sqrt};
     a.flag = true;
+    // A half gradient as it is: the op widens it as it reads it (no f32 copy).
+    const bool as_is = g.dtype() == cd || (cd == DType::F32 && is_half(g.dtype()));
+    const Tensor gk = (as_is ? g : g.to_dtype(cd)).contiguous();
     const std::vector<Tensor> r =
         dispatch(OpId::adamw_step,
-                 {in_place ? w.contiguous() : clone(w), gc, s.slot0, s.slot1,
+                 {in_place ? w.contiguous() : clone(w), gk, s.slot0, s.slot1,
                   round_into_p ? p.value() : Tensor()},
                  a);
     s.slot0 = r[1];
@@ -252,6 +254,7 @@ void AdamW::update(Var& p, State& s, const Tensor& g, double wd) {
     return;
   }
   // The same update from tensor ops (AdamWOptions::fused(false)), in the op's order.
+  const Tensor gc = g.to_dtype(cd).contiguous();
   const Tensor m1 = s.slot0 + (gc - s.slot0) * (1.0 - b1);
   const Tensor v1 = s.slot1 * b2 + (gc * gc) * (1.0 - b2);
   s.slot0 = m1;
