@@ -132,7 +132,8 @@ GradStore Tensor::backward() const {
 
 GradStore Tensor::backward(const Tensor& root_grad) const { return backward(root_grad, nullptr); }
 
-GradStore Tensor::backward(const Tensor& root_grad, const GradReadyFn& on_ready) const {
+GradStore Tensor::backward(const Tensor& root_grad, const GradReadyFn& on_ready,
+                           bool hand_over) const {
   TAPER_CHECK(is_float(dtype()), "backward: needs a float tensor, got ", dtype_name(dtype()));
   TAPER_CHECK(root_grad.defined(), "backward: the upstream gradient is an undefined Tensor");
   TAPER_CHECK(root_grad.shape() == shape() && root_grad.dtype() == dtype() &&
@@ -144,8 +145,8 @@ GradStore Tensor::backward(const Tensor& root_grad, const GradReadyFn& on_ready)
   GradStore store;
   if (!tracks_grad()) return store;
   if (!impl_ptr()->grad_fn) {  // the root is itself a leaf
-    store.insert(*this, root_grad);
     if (on_ready) on_ready(*this, root_grad);
+    if (!on_ready || !hand_over) store.insert(*this, root_grad);
     return store;
   }
 
@@ -163,7 +164,10 @@ GradStore Tensor::backward(const Tensor& root_grad, const GradReadyFn& on_ready)
   auto edge_done = [&](const Tensor& in) {
     if (!on_ready || !is_leaf(in)) return;
     if (--leaf_edges[in.id()] != 0) return;
-    if (const auto g = store.get(in)) on_ready(in, *g);
+    if (const auto g = store.get(in)) {
+      on_ready(in, *g);
+      if (hand_over) store.remove(in);  // complete: no later edge adds to it
+    }
   };
 
   std::unordered_map<Node*, std::vector<Tensor>> pending;

@@ -166,7 +166,12 @@ GradStore DistributedDataParallel::backward(const Tensor& out, const Tensor& gra
   }
 
   // (2) Backward, reducing each bucket as soon as it is complete, in bucket order.
+  // A parameter's gradient lives here from the moment it is complete (backward hands it over)
+  // until its bucket is copied into the flat buffer: at most one bucket's worth waits beside the
+  // buffers, not every gradient twice.
   std::vector<Tensor> grads(n), flat(nb);
+  std::vector<unsigned char> have(n, 0);
+  std::vector<std::pair<Tensor, Tensor>> others;  // gradients of leaves that are not ours
   std::vector<size_t> missing(nb);
   std::vector<std::unique_ptr<dist::Work>> work(nb);
   size_t next = 0;
@@ -174,6 +179,7 @@ GradStore DistributedDataParallel::backward(const Tensor& out, const Tensor& gra
   auto zeros_for = [&](size_t i) {
     const Slot& s = slots_[i];
     grads[i] = Tensor::zeros(s.param.shape(), s.param.dtype(), s.param.device());
+    have[i] = 1;
     --missing[s.bucket];
   };
   auto launch_ready = [&] {
@@ -184,6 +190,8 @@ GradStore DistributedDataParallel::backward(const Tensor& out, const Tensor& gra
         parts.push_back(grads[k].reshape(Shape({grads[k].elem_count()})));
       // A fresh buffer: the all-reduce writes into it.
       flat[next] = parts.size() == 1 ? dispatch1(OpId::copy, parts) : Tensor::cat(parts, 0);
+      parts.clear();
+      for (size_t k : buckets_[next].slots) grads[k] = Tensor();  // in the buffer now
       work[next] = group_->all_reduce_async(flat[next], dist::ReduceOp::Avg);
     }
   };
@@ -193,10 +201,13 @@ GradStore DistributedDataParallel::backward(const Tensor& out, const Tensor& gra
   const GradReadyFn on_ready = [&](const Tensor& leaf, const Tensor& g) {
     // `leaf` is the graph's snapshot of a Var: the Var's id(), another handle.
     const auto it = index_.find(leaf.id());
-    if (it == index_.end()) return;  // a leaf that is not one of ours
+    if (it == index_.end()) {  // a leaf that is not one of ours: back into the store after
+      others.emplace_back(leaf, g);
+      return;
+    }
     const size_t i = it->second;
     const Slot& s = slots_[i];
-    TAPER_CHECK(!grads[i].defined(), "DistributedDataParallel::backward: parameter '", s.name,
+    TAPER_CHECK(!have[i], "DistributedDataParallel::backward: parameter '", s.name,
                 "' got its gradient twice (rank ", rank, ")");
     TAPER_CHECK(g.shape() == s.param.shape() && g.dtype() == s.param.dtype() &&
                     g.device() == s.param.device(),
@@ -205,13 +216,15 @@ GradStore DistributedDataParallel::backward(const Tensor& out, const Tensor& gra
                 ", the parameter ", s.param.shape().to_string(), " ", dtype_name(s.param.dtype()),
                 " on ", s.param.device().to_string());
     grads[i] = g;
+    have[i] = 1;
     if (--missing[s.bucket] == 0) launch_ready();
   };
-  GradStore store = out.backward(grad, on_ready);
+  GradStore store = out.backward(grad, on_ready, /*hand_over=*/true);
+  for (const auto& [leaf, g] : others) store.insert(leaf, g);
 
   // (3) Reached by the graph, but no gradient came: zeros, the same on every rank's schedule.
   for (size_t i = 0; i < n; ++i)
-    if (!grads[i].defined()) zeros_for(i);
+    if (!have[i]) zeros_for(i);
   launch_ready();
   TAPER_ASSERT(next == nb);
 

@@ -344,8 +344,11 @@ class Tensor {
   /// Error when `grad` is undefined or differs in shape, dtype or device.
   GradStore backward(const Tensor& grad) const;
   /// backward(grad) that calls `on_ready` for each leaf as soon as its gradient is complete, in
-  /// the order backward completes them (leaves no gradient reaches are not called).
-  GradStore backward(const Tensor& grad, const GradReadyFn& on_ready) const;
+  /// the order backward completes them (leaves no gradient reaches are not called). With
+  /// `hand_over`, the returned store forgets each gradient it hands to `on_ready`, so the
+  /// callback's copy can be the only one (data parallelism frees it once it is in a bucket).
+  GradStore backward(const Tensor& grad, const GradReadyFn& on_ready,
+                     bool hand_over = false) const;
 
  private:
   const TensorImpl& impl() const {
