@@ -6,10 +6,10 @@
 // of about `bucket_bytes` (reverse registration order, which is about the order backward
 // finishes them; one dtype and device per bucket); a bucket's all-reduce starts as soon as the
 // last of its gradients is complete during backward, so on a GPU the communication overlaps the
-// rest of the backward. A gradient is freed once it is copied into its bucket's buffer, so the
-// buffers add about one bucket to the backward's memory, not a second copy of every gradient.
-// Buckets are reduced in one fixed order on every rank (a bucket that is
-// complete waits for the ones before it), and every rank ends with the same bits (the
+// rest of the backward. A gradient is freed once it is copied into its bucket's buffer: the
+// gradients and the buffers together hold about one bucket more than the gradients alone, not
+// twice them. Buckets are reduced in one fixed order on every rank (a bucket that is complete
+// waits for the ones before it), and every rank ends with the same bits (the
 // collective computes each element once). Before backward runs, each rank knows from the graph
 // which parameters its step uses; with UnusedParameters::Error the ranks compare that through
 // the group's host connections first, so a parameter unused on any rank is an Error on every
