@@ -14,6 +14,8 @@
 #   main       the whole main job on the GPU (seeds 1, 2; MAIN_FLAGS added, e.g. --cuda-graph on)
 #              and a GPU -> CPU resume (MAIN_RESUME=0: without it)
 #   ddp1       finetune --nproc 1 on the GPU (NCCL at world size 1), 40 steps
+#   multi      issue 16 on a machine with several GPUs: CudaDist.*, the 100 MiB all-reduce
+#              beside torch.distributed's, the bf16 step on 1/2/4 GPUs, 2 GPUs against 1
 #   profile    the SASS of softmax.cu and norm.cu (cuobjdump), and ncu's counters of the fused
 #              kernels of each PROFILE_CASES row (bench_cuda --fused-table --filter)
 #   train      issue 17's table: taper's --bench-train (CUDA graph on and off; TRAIN_GRAPHS) /
@@ -168,6 +170,33 @@ for step in "$@"; do
         --out /tmp/ddp1.safetensors >"$OUT/ddp1.log" 2>&1
       log "ddp1 rc=$?"
       grep -E "^(dist|baseline|fine-tune|step|fine-tuned|summary)" "$OUT/ddp1.log" | tail -8
+      ;;
+    multi)
+      # Issue 16 on a machine with W >= 2 GPUs: NCCL across the GPUs against the host sum, the
+      # 100 MiB all-reduce beside torch.distributed's, the bf16 128 x 128 step on 1, 2 and 4
+      # GPUs (weak scaling: tokens/s), and 10 fine-tuning steps on 2 GPUs against 1.
+      M=${MODEL_DIR:-.models/all-MiniLM-L6-v2}
+      W=$(nvidia-smi -L | wc -l)
+      log "multi: $W GPUs"
+      ./build/gpu/tests/taper_tests --gtest_filter='CudaDist*' --gtest_brief=1 >"$OUT/multi_test.log" 2>&1
+      log "CudaDist rc=$? : $(counts "$OUT/multi_test.log")"
+      for w in 2 4 8; do
+        [ "$w" -le "$W" ] || continue
+        torchrun --standalone --nproc_per_node "$w" --no-python ./build/gpu/benches/bench_allreduce \
+          --mib 100 2>&1 | grep -E "^bench|rror" | tee -a "$OUT/multi_allreduce.log"
+        torchrun --standalone --nproc_per_node "$w" scripts/bench_allreduce_torch.py --mib 100 \
+          2>&1 | grep -E "^bench|rror" | tee -a "$OUT/multi_allreduce.log"
+      done
+      for w in 1 2 4; do
+        [ "$w" -le "$W" ] || continue
+        ./build/gpu/examples/finetune --device cuda --model-dir "$M" --bench-train --batch 128 \
+          --seq-len 128 --dtype bf16 $([ "$w" -gt 1 ] && echo "--nproc $w") 2>&1 |
+          grep -E "^bench-train: (MiniLM|[0-9]+ proc)|rror" | tee -a "$OUT/multi_train.log"
+      done
+      DDP_EXTRA="--device cuda --model-dir $M" bash tests/finetune_ddp.sh \
+        ./build/gpu/examples/finetune ./build/gpu/tests/taper_ckpt_compare >"$OUT/multi_ddp.log" 2>&1
+      log "2-GPU fine-tune against 1 GPU rc=$?"
+      tail -12 "$OUT/multi_ddp.log"
       ;;
     train)
       M=${MODEL_DIR:-.models/all-MiniLM-L6-v2}

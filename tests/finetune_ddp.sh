@@ -18,6 +18,12 @@ DIR=$(mktemp -d)
 trap 'rm -rf "$DIR"' EXIT
 COMMON=(--steps 10 --batch 9 --seq-len 32 --words 24 --probe-train 32 --probe-steps 10
         --test-limit 8 --log-every 5)
+# DDP_EXTRA: more flags for every run, e.g. "--device cuda --model-dir DIR" on a machine with
+# two GPUs (scripts/gpu_run.sh multi); the grep below then expects the nccl backend.
+read -r -a EXTRA <<<"${DDP_EXTRA:-}"
+COMMON+=("${EXTRA[@]}")
+BACKEND=tcp
+[[ " ${DDP_EXTRA:-} " == *" --device cuda "* ]] && BACKEND=nccl
 run() {  # run NAME ARGS...: one invocation, its log printed when it fails
   local name=$1
   shift
@@ -27,7 +33,7 @@ run() {  # run NAME ARGS...: one invocation, its log printed when it fails
 }
 run one "${COMMON[@]}" --threads 2 --out "$DIR/one.safetensors"
 run two "${COMMON[@]}" --threads 1 --nproc 2 --out "$DIR/two.safetensors"
-grep -q "dist: world size 2, tcp backend" "$DIR/two.log" || { echo "FAIL: no 2-process job"; cat "$DIR/two.log"; exit 1; }
+grep -q "dist: world size 2, $BACKEND backend" "$DIR/two.log" || { echo "FAIL: no 2-process job"; cat "$DIR/two.log"; exit 1; }
 SKIP=(--skip attention.self.key.bias)
 losses() { grep -E '^step ' "$1" | awk '{print $2, $4}'; }
 if [ "$(losses "$DIR/one.log")" != "$(losses "$DIR/two.log")" ]; then

@@ -16,6 +16,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -518,6 +520,95 @@ TEST(CudaDist, NcclWorldSizeOneCollectivesAndDdp) {
   const GradStore own = mlp_loss(ps, 0, false, Device::cuda(0)).backward();
   const GradStore avg = ddp.backward(mlp_loss(ps, 0, false, Device::cuda(0)));
   for (const auto& [name, p] : ps) EXPECT_EQ(bytes_of(*avg.get(p)), bytes_of(*own.get(p))) << name;
+}
+
+// ---- NCCL over several GPUs (a machine with two or more; skipped elsewhere) -------------------------
+
+/// One rank per GPU, as threads of this process (NCCL takes one communicator per device): the
+/// all-reduce against the host's sum (integers exactly; floats within the roundings of a sum in
+/// any order: (W - 1) u sum |x|, u of bf16 for bf16, which NCCL rounds at each hop, plus one
+/// rounding at the end), every rank the
+/// same bits, the broadcast rank 0's; DDP's averaged gradients the same bits on every rank and
+/// close to the host's average of the ranks' own.
+TEST(CudaDist, NcclAcrossGpusMatchesTheHostSum) {
+  const int world = std::min(device_count(DeviceKind::Cuda), 4);
+  if (world < 2) GTEST_SKIP() << "fewer than 2 CUDA devices: multi-GPU NCCL test skipped";
+  const int port = free_port();
+  const std::vector<DType> dtypes = {DType::F32, DType::F64, DType::BF16, DType::I64};
+  const size_t n = 100003;
+  std::vector<std::vector<Tensor>> sums(world), avgs(world), bcast(world), ddp_grads(world),
+      own_grads(world);
+  const auto err = on_threads(world, [&](int r) {
+    const Device dev = Device::cuda(r);
+    dist::Options o;
+    o.backend = dist::Backend::Nccl;
+    o.env = env_of(r, world, port);
+    o.device = dev;
+    o.timeout_s = 120;
+    auto g = dist::init_process_group(o);
+    for (DType dt : dtypes) {
+      const Tensor a = rank_values(dt, r, n).contiguous().to_device(dev);
+      const Tensor b = rank_values(dt, r, n).contiguous().to_device(dev);
+      const Tensor c = rank_values(dt, r, n).contiguous().to_device(dev);
+      g->all_reduce(a, dist::ReduceOp::Sum);
+      g->all_reduce(b, dist::ReduceOp::Avg);
+      g->broadcast(c, 0);
+      sums[r].push_back(a.to_device(Device::cpu()));
+      avgs[r].push_back(b.to_device(Device::cpu()));
+      bcast[r].push_back(c.to_device(Device::cpu()));
+    }
+    auto ps = mlp_params(1 + static_cast<uint64_t>(r), dev);
+    nn::DistributedDataParallel ddp(ps, g, nn::DdpOptions().bucket_bytes(200));
+    const GradStore own = mlp_loss(ps, r, false, dev).backward();
+    const GradStore avg = ddp.backward(mlp_loss(ps, r, false, dev));
+    for (const auto& [name, p] : ps) {
+      own_grads[r].push_back(own.get(p)->to_device(Device::cpu()));
+      ddp_grads[r].push_back(avg.get(p)->to_device(Device::cpu()));
+    }
+  });
+  for (int r = 0; r < world; ++r) ASSERT_EQ(err[r], "") << "rank " << r;
+  auto near = [&](const Tensor& got, const Tensor& want, const std::vector<Tensor>& xs, DType dt,
+                  const std::string& what) {
+    const std::vector<double> g = testing::values(got), w = testing::values(want);
+    std::vector<double> mag(g.size(), 0.0);
+    for (const Tensor& x : xs) {
+      const std::vector<double> v = testing::values(x);
+      for (size_t i = 0; i < v.size(); ++i) mag[i] += std::fabs(v[i]);
+    }
+    // bf16 on NCCL rounds at each hop: each partial sum is rounded to bf16.
+    const double u = dt == DType::F64 ? 0x1p-53 : dt == DType::BF16 ? 0x1p-9 : 0x1p-24;
+    const double half_ulp = dt == DType::BF16 ? 0x1p-9 : 0.0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      const double tol = (world - 1) * u * mag[i] * 1.01 + half_ulp * std::fabs(w[i]);
+      ASSERT_LE(std::fabs(g[i] - w[i]), tol) << what << " at " << i;
+    }
+  };
+  for (size_t d = 0; d < dtypes.size(); ++d) {
+    const DType dt = dtypes[d];
+    SCOPED_TRACE(dtype_name(dt));
+    std::vector<Tensor> xs;
+    for (int r = 0; r < world; ++r) xs.push_back(rank_values(dt, r, n).contiguous());
+    const Tensor want_sum = dt == DType::F64   ? host_reduce<double>(xs, false)
+                            : dt == DType::I64 ? host_reduce<int64_t>(xs, false)
+                            : dt == DType::BF16 ? host_reduce<bf16>(xs, false)
+                                                : host_reduce<float>(xs, false);
+    for (int r = 0; r < world; ++r) {
+      EXPECT_EQ(bytes_of(sums[r][d]), bytes_of(sums[0][d])) << "rank " << r;
+      EXPECT_EQ(bytes_of(avgs[r][d]), bytes_of(avgs[0][d])) << "rank " << r;
+      EXPECT_EQ(bytes_of(bcast[r][d]), bytes_of(xs[0])) << "rank " << r;
+    }
+    if (dt == DType::I64)
+      EXPECT_EQ(bytes_of(sums[0][d]), bytes_of(want_sum));
+    else
+      near(sums[0][d], want_sum, xs, dt, "sum");
+  }
+  for (size_t k = 0; k < ddp_grads[0].size(); ++k) {
+    std::vector<Tensor> xs;
+    for (int r = 0; r < world; ++r) xs.push_back(own_grads[r][k].contiguous());
+    for (int r = 0; r < world; ++r)
+      EXPECT_EQ(bytes_of(ddp_grads[r][k]), bytes_of(ddp_grads[0][k])) << "parameter " << k;
+    near(ddp_grads[0][k], host_reduce<float>(xs, true), xs, DType::F32, "DDP average");
+  }
 }
 
 }  // namespace
