@@ -142,9 +142,11 @@ first a baseline (frozen encoder + trained linear head), then the whole model.
   --cuda-graph auto|on|off
                         replay each training step's forward and backward as one CUDA graph
                         (captured at the second step; batches padded to --seq-len so that
-                        every step has one shape; AdamW runs after it, in place). auto: on
-                        with --device cuda unless --dropout or --nproc is set. Default off:
-                        not yet run on a GPU
+                        every step has one shape; AdamW runs after it, in place; the first
+                        replay is checked bit for bit against the eager step). auto: on with
+                        --device cuda unless --dropout or --nproc is set, eager again if the
+                        check fails; on: a failed check is an error. Default off: not yet run
+                        on a GPU
   --nproc N             data parallelism: start N processes of this program (one per GPU
                         with --device cuda, cuda:0..N-1; threads split between them on the
                         CPU), each with 1/N of every batch; rank 0 logs and checkpoints.
