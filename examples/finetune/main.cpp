@@ -950,9 +950,9 @@ int run(Flags f) {
   int64_t window_n = 0;
   auto t_window = Clock::now();
   if (start_step < f.steps)
-    std::printf("fine-tune: %lld steps of %zu passages x %s %zu tokens, AdamW lr %g (warm-up %lld, "
+    std::printf("fine-tune: %lld steps of %zu passages x %s%zu tokens, AdamW lr %g (warm-up %lld, "
                 "linear decay), weight decay %g, dropout %g%s\n",
-                static_cast<long long>(f.steps - start_step), f.batch, graphed ? "" : "<=",
+                static_cast<long long>(f.steps - start_step), f.batch, graphed ? "" : "<= ",
                 f.seq_len, f.lr, static_cast<long long>(warmup), f.weight_decay, f.dropout,
                 graphed ? ", CUDA graph" : "");
   for (int64_t step = start_step; step < f.steps; ++step) {
