@@ -92,6 +92,13 @@ Tensor group_norm(const Tensor& x, size_t num_groups, const Tensor& w, const Ten
   return downcast(affine(y, w, b, Shape(pdims)), x.dtype());
 }
 
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                 double scale) {
+  Tensor s = (upcast(q) * scale).matmul(upcast(k).t());  // (B, H, T, S)
+  if (present(mask)) s = s + upcast(mask);
+  return downcast(softmax_last_dim(s).matmul(upcast(v)), q.dtype());
+}
+
 namespace {
 
 // Registry adaptors: the op's inputs and attrs in, the user-visible outputs out.
@@ -255,6 +262,28 @@ std::vector<Tensor> adamw_step_fn(const std::vector<Tensor>& in, const OpAttrs& 
   return {w, m, v};
 }
 
+std::vector<Tensor> attention_fn(const std::vector<Tensor>& in, const OpAttrs& a) {
+  return {attention(in[0], in[1], in[2], arg(in, 3), a.f0)};
+}
+
+/// attention_bwd, in = {q, k, v, mask or undefined, out, lse, dout}, lse (B, H, T) in the stat
+/// dtype: P = exp(scale q k^T + mask - lse) recomputed, D = rowsum(dout out),
+/// dS = P (dout v^T - D), dq = scale dS k, dk = scale dS^T q, dv = P^T dout; in the stat dtype
+/// (f32 for half types, f64 for f64), each gradient rounded once to its input's dtype. A forward
+/// row that was NaN (all -inf scores) has a non-finite lse: its P row is NaN, and so are dq's row
+/// and every dk, dv row it touches, as the composed forward's own gradient would be.
+std::vector<Tensor> attention_bwd_fn(const std::vector<Tensor>& in, const OpAttrs& a) {
+  const Tensor q = upcast(in[0]), k = upcast(in[1]), v = upcast(in[2]);
+  const Tensor o = upcast(in[4]), dout = upcast(in[6]);
+  Tensor s = (q * a.f0).matmul(k.t());
+  if (present(in, 3)) s = s + upcast(in[3]);
+  const Tensor p = (s - in[5].unsqueeze(-1)).exp();
+  const Tensor ds = p * (dout.matmul(v.t()) - (dout * o).sum({-1}, /*keepdim=*/true));
+  return {downcast(ds.matmul(k) * a.f0, in[0].dtype()),
+          downcast(ds.t().matmul(q) * a.f0, in[1].dtype()),
+          downcast(p.t().matmul(dout), in[2].dtype())};
+}
+
 struct Registrar {
   Registrar() {
     register_composed(OpId::adamw_step, &adamw_step_fn);
@@ -269,6 +298,8 @@ struct Registrar {
     register_composed(OpId::rms_norm_bwd, &rms_norm_bwd_fn);
     register_composed(OpId::layer_norm_bwd, &layer_norm_bwd_fn);
     register_composed(OpId::group_norm_bwd, &group_norm_bwd_fn);
+    register_composed(OpId::attention, &attention_fn);
+    register_composed(OpId::attention_bwd, &attention_bwd_fn);
   }
 };
 const Registrar registrar;

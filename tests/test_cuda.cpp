@@ -2150,6 +2150,14 @@ std::vector<GradCase> make_grad_cases() {
                  return ops::group_norm(v[0], 2, v[1], v[2], 1e-5);
                },
                {r64({2, 4, 3}, 62), r64({4}, 63), r64({4}, 64)}});
+  // The fused attention (its composed form where CUDA has no kernel); the mask (B, 1, 1, S)
+  // tracks gradients too.
+  c.push_back({"attention", OpId::attention,
+               [](const std::vector<Tensor>& v) {
+                 return ops::attention(v[0], v[1], v[2], v[3], 0.6);
+               },
+               {r64({2, 2, 3, 4}, 83), r64({2, 2, 5, 4}, 84), r64({2, 2, 5, 4}, 85),
+                r64({2, 1, 1, 5}, 86, -1.0, 1.0)}});
   return c;
 }
 
@@ -2179,6 +2187,31 @@ INSTANTIATE_TEST_SUITE_P(Cuda, CudaGradCheck, ::testing::Range<size_t>(0, grad_c
                          [](const ::testing::TestParamInfo<size_t>& i) {
                            return grad_cases()[i.param].name;
                          });
+
+// ---- attention_bwd: the op itself, CPU against CUDA, on the CPU forward's saved lse ----------
+
+class CudaAttention : public OnCuda<::testing::Test> {};
+
+TEST_F(CudaAttention, BackwardOpMatchesTheCpu) {
+  for (DType dt : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor q = random_tensor({2, 3, 33, 32}, dt, 1), k = random_tensor({2, 3, 7, 32}, dt, 2);
+    const Tensor v = random_tensor({2, 3, 7, 32}, dt, 3), dout = random_tensor({2, 3, 33, 32}, dt, 4);
+    const Tensor mask = random_tensor({2, 1, 1, 7}, dt, 5).broadcast_as({2, 3, 33, 7});
+    OpAttrs a;
+    a.f0 = 0.2;
+    const auto fwd = op_def(OpId::attention).kernels[static_cast<int>(DeviceKind::Cpu)].fn(
+        {q, k, v, mask}, a);
+    const std::vector<Tensor> in = {q, k, v, mask, fwd[0], fwd[1], dout};
+    std::vector<Tensor> gin;
+    for (const Tensor& t : in) gin.push_back(t.to_device(kGpu));
+    const auto cpu = dispatch(OpId::attention_bwd, in, a);
+    const auto gpu = dispatch(OpId::attention_bwd, gin, a);
+    const double tol = dt == DType::F64 ? 1e-10 : (dt == DType::F32 ? 1e-4 : 2e-2);
+    for (size_t i = 0; i < 3; ++i)
+      EXPECT_TRUE(all_close(values(gpu[i].to_device(kCpu)), values(cpu[i]), tol, tol)) << i;
+  }
+}
 
 // ---- adamw_step (looked up by name: the optim family is younger than this suite) -------------
 
@@ -2341,7 +2374,8 @@ std::set<std::string_view> tested_ops() {
                   OpId::softmax_last_dim, OpId::log_softmax_last_dim, OpId::softmax_last_dim_bwd,
                   OpId::log_softmax_last_dim_bwd, OpId::rms_norm, OpId::layer_norm,
                   OpId::group_norm, OpId::rms_norm_bwd, OpId::layer_norm_bwd,
-                  OpId::group_norm_bwd, OpId::gelu_erf_bwd})
+                  OpId::group_norm_bwd, OpId::gelu_erf_bwd, OpId::attention,
+                  OpId::attention_bwd})
     s.insert(op_name(op));
   s.insert("adamw_step");
   return s;

@@ -155,6 +155,29 @@ std::vector<GradCase> make_cases() {
                  return composed::group_norm(v[0], 2, v[1], v[2], 1e-5);
                },
                {r({2, 4, 3}, 70), r({4}, 71), r({4}, 72)}});
+  // Attention: q (B, H, T, D), k, v (B, H, S, D); the mask (B, 1, 1, S) tracks gradients too
+  // (summed over its broadcast dims); head views as MultiHeadAttention makes them.
+  c.push_back({"attention", OpId::attention,
+               [](const std::vector<Tensor>& v) {
+                 return ops::attention(v[0], v[1], v[2], v[3], 0.6);
+               },
+               {r({2, 2, 3, 4}, 83), r({2, 2, 5, 4}, 84), r({2, 2, 5, 4}, 85),
+                r({2, 1, 1, 5}, 86, -1.0, 1.0)}});
+  c.push_back({"attention_no_mask_head_views", OpId::attention,
+               [](const std::vector<Tensor>& v) {
+                 auto heads = [](const Tensor& z, size_t t) {
+                   return z.reshape({2, t, 2, 3}).permute({0, 2, 1, 3});
+                 };
+                 return ops::attention(heads(v[0], 4), heads(v[1], 3), heads(v[2], 3), Tensor(),
+                                       0.5);
+               },
+               {r({2, 4, 6}, 87), r({2, 3, 6}, 88), r({2, 3, 6}, 89)}});
+  c.push_back({"attention_composed", OpId::attention,
+               [](const std::vector<Tensor>& v) {
+                 return composed::attention(v[0], v[1], v[2], v[3], 0.6);
+               },
+               {r({1, 2, 3, 4}, 90), r({1, 2, 5, 4}, 91), r({1, 2, 5, 4}, 92),
+                r({3, 5}, 93, -1.0, 1.0)}});
   return c;
 }
 

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <functional>
 #include <optional>
@@ -250,6 +251,22 @@ std::vector<Case> cases() {
        {Shape({2, 0, 3})},
        [](const In& x, Device) { return ops::group_norm(x[0], 2, Tensor(), Tensor(), 1e-5); },
        Shape({2, 0, 3})});
+  // ---- attention: q (B, H, T, D), k, v (B, H, S, D), each of B, T, S, D zero in turn ----
+  for (const auto& [b, t, sl, d] : std::vector<std::array<size_t, 4>>{
+           {0, 3, 4, 5}, {2, 0, 4, 5}, {2, 3, 0, 5}, {2, 3, 4, 0}}) {
+    const Shape q({b, 2, t, d}), kv({b, 2, sl, d});
+    // No keys: every output row is an empty sum, 0 (as the composed product is).
+    std::vector<double> vals;
+    if (sl == 0) vals.assign(q.elem_count(), 0.0);
+    add({"attention q " + q.to_string() + " k, v " + kv.to_string(),
+         {O::attention, O::attention_bwd}, {q, kv, kv},
+         [](const In& x, Device) { return ops::attention(x[0], x[1], x[2], Tensor(), 0.5); }, q,
+         vals});
+  }
+  add({"attention with no queries and a (B, 1, 1, S) mask", {O::attention, O::attention_bwd},
+       {Shape({2, 2, 0, 5}), Shape({2, 2, 4, 5}), Shape({2, 2, 4, 5}), Shape({2, 1, 1, 4})},
+       [](const In& x, Device) { return ops::attention(x[0], x[1], x[2], x[3], 0.5); },
+       Shape({2, 2, 0, 5})});
   // ---- optimizer ----
   add({"AdamW step on (0,3) and (3,0) parameters", {O::adamw_step},
        {Shape({0, 3}), Shape({3, 0})},

@@ -292,6 +292,41 @@ BWD(group_norm) {
                   norm_bwd_attrs(a, in[1], in[2], in[0]));
 }
 
+// Attention: the rule passes q, k, v, mask, the output and the saved row log-sum-exp lse
+// (B, H, T) to attention_bwd, which recomputes the probabilities P = exp(scale q k^T + mask -
+// lse) row by row: the node keeps nothing of size (B, H, T, S). Only a mask that itself tracks
+// gradients (rare: masks are data) costs the (B, H, T, S) gradient of the scores here, dS =
+// P (dout v^T - rowsum(dout out)), in the stat dtype, summed to the mask's shape by the
+// broadcast_as rule of the front-end's view.
+constexpr uint32_t kIn3 = 8u;
+SAVES(attention) { return reads(kIn0 | kIn1 | kIn2 | kIn3, kOut0 | kOut1); }
+BWD(attention) {
+  const Tensors r = dispatch(OpId::attention_bwd,
+                             {in[0], in[1], in[2], in[3], out[0], out[1], g[0]}, a);
+  Tensor dmask;
+  if (needs(in, 3)) {
+    const DType sd = stat_dtype(in[0].dtype());
+    const Tensor q = in[0].to_dtype(sd), k = in[1].to_dtype(sd), v = in[2].to_dtype(sd);
+    const Tensor dout = g[0].to_dtype(sd), o = out[0].to_dtype(sd);
+    const Tensor s = (q * a.f0).matmul(k.t()) + in[3].to_dtype(sd);
+    const Tensor p = (s - out[1].unsqueeze(-1)).exp();
+    const Tensor ds = p * (dout.matmul(v.t()) - (dout * o).sum({-1}, true));
+    dmask = ds;
+    // A mask given to dispatch unbroadcast (ops::attention broadcasts it as a view first):
+    // summed over its broadcast dims, as broadcast_as's rule does.
+    const Shape& ms = in[3].shape();
+    const size_t lead = 4 - ms.rank();
+    std::vector<int64_t> dims;
+    for (size_t i = 0; i < 4; ++i)
+      if (i < lead || (ms[i - lead] == 1 && dmask.dim(static_cast<int64_t>(i)) != 1))
+        dims.push_back(static_cast<int64_t>(i));
+    if (!dims.empty()) dmask = dmask.sum(dims, true);
+    dmask = dmask.reshape(ms).to_dtype(in[3].dtype());
+  }
+  return {needs(in, 0) ? r[0] : Tensor(), needs(in, 1) ? r[1] : Tensor(),
+          needs(in, 2) ? r[2] : Tensor(), dmask};
+}
+
 #undef BWD
 #undef SAVES
 
@@ -302,7 +337,7 @@ constexpr BwdFn bwd_fill = nullptr, bwd_arange = nullptr, bwd_rand_uniform = nul
                 bwd_argmin = nullptr, bwd_softmax_last_dim_bwd = nullptr,
                 bwd_log_softmax_last_dim_bwd = nullptr, bwd_adamw_step = nullptr,
                 bwd_rms_norm_bwd = nullptr, bwd_layer_norm_bwd = nullptr,
-                bwd_group_norm_bwd = nullptr, bwd_gelu_erf_bwd = nullptr;
+                bwd_group_norm_bwd = nullptr, bwd_gelu_erf_bwd = nullptr, bwd_attention_bwd = nullptr;
 constexpr SavesFn saves_fill = nullptr, saves_arange = nullptr, saves_rand_uniform = nullptr,
                   saves_rand_normal = nullptr, saves_eq = nullptr, saves_ne = nullptr,
                   saves_lt = nullptr, saves_le = nullptr, saves_gt = nullptr, saves_ge = nullptr,
@@ -310,7 +345,7 @@ constexpr SavesFn saves_fill = nullptr, saves_arange = nullptr, saves_rand_unifo
                   saves_softmax_last_dim_bwd = nullptr, saves_log_softmax_last_dim_bwd = nullptr,
                   saves_adamw_step = nullptr, saves_rms_norm_bwd = nullptr,
                   saves_layer_norm_bwd = nullptr, saves_group_norm_bwd = nullptr,
-                  saves_gelu_erf_bwd = nullptr;
+                  saves_gelu_erf_bwd = nullptr, saves_attention_bwd = nullptr;
 
 }  // namespace
 

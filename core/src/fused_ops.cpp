@@ -1,5 +1,8 @@
 // fused_ops.cpp: the public entry points of the fused ops (taper::ops): argument checks with
 // messages that name the op, shapes and dtypes, then dispatch (kernel, or composed fallback).
+#include <cmath>
+#include <string>
+
 #include "taper/op.h"
 #include "taper/ops.h"
 
@@ -78,6 +81,52 @@ Tensor group_norm(const Tensor& x, size_t num_groups, const Tensor& w, const Ten
   a.f0 = eps;
   a.i0 = static_cast<int64_t>(num_groups);
   return dispatch1(OpId::group_norm, {x, w, b}, a);
+}
+
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                 double scale) {
+  const char* op = "attention";
+  auto shapes = [&] {
+    return q.shape().to_string() + ", k " + k.shape().to_string() + ", v " +
+           v.shape().to_string() +
+           (present(mask) ? ", mask " + mask.shape().to_string() : std::string());
+  };
+  TAPER_CHECK(q.defined() && k.defined() && v.defined(), op, ": q, k and v must be defined");
+  check_float(op, q);
+  TAPER_CHECK(k.dtype() == q.dtype() && v.dtype() == q.dtype() &&
+                  (!present(mask) || mask.dtype() == q.dtype()),
+              op, ": dtypes differ: q ", dtype_name(q.dtype()), ", k ", dtype_name(k.dtype()),
+              ", v ", dtype_name(v.dtype()),
+              present(mask) ? std::string(", mask ") + std::string(dtype_name(mask.dtype()))
+                            : std::string());
+  TAPER_CHECK(k.device() == q.device() && v.device() == q.device() &&
+                  (!present(mask) || mask.device() == q.device()),
+              op, ": q on ", q.device().to_string(), ", k on ", k.device().to_string(), ", v on ",
+              v.device().to_string());
+  TAPER_CHECK(q.rank() == 4 && k.rank() == 4 && v.rank() == 4, op,
+              ": q, k, v must be (B, H, T, D), (B, H, S, D), (B, H, S, D); got q ", shapes());
+  const size_t B = q.dim(0), H = q.dim(1), T = q.dim(2), D = q.dim(3), S = k.dim(2);
+  TAPER_CHECK(k.dim(0) == B && k.dim(1) == H && k.dim(3) == D && v.shape() == k.shape(), op,
+              ": q (B, H, T, D), k and v (B, H, S, D) do not fit together: q ", shapes());
+  TAPER_CHECK(std::isfinite(scale), op, ": scale must be finite, got ", scale);
+  Tensor m;
+  if (present(mask)) {
+    const Shape full({B, H, T, S});
+    bool fits = mask.rank() <= 4;
+    for (size_t i = 0; fits && i < mask.rank(); ++i) {
+      const size_t md = mask.dim(static_cast<int64_t>(i)), fd = full[4 - mask.rank() + i];
+      fits = md == fd || md == 1;
+    }
+    TAPER_CHECK(fits, op, ": mask ", mask.shape().to_string(),
+                " does not broadcast to the scores (B, H, T, S) = ", full.to_string(),
+                " of q ", shapes());
+    // A view (stride 0 along broadcast dims): its gradient, if it has one, is summed by
+    // broadcast_as's rule, and the kernels read it through the strides.
+    m = mask.shape() == full ? mask : mask.broadcast_as(full);
+  }
+  OpAttrs a;
+  a.f0 = scale;
+  return dispatch1(OpId::attention, {q, k, v, m}, a);
 }
 
 }  // namespace taper::ops

@@ -86,6 +86,28 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
               k.shape().to_string(), ", v ", v.shape().to_string(), " do not fit together");
   const size_t d = q.dim(3), t = q.dim(2), s = k.dim(2);
   const double scale = d ? 1.0 / std::sqrt(static_cast<double>(d)) : 1.0;
+  // Without dropout, the fused op: no (B, H, T, S) tensor is kept for the backward (the causal
+  // mask folds into the additive mask). A mask that does not broadcast to (B, H, T, S) by
+  // itself (or v with its own head size) takes the composed path below.
+  const auto mask_fits = [&] {
+    if (!mask.defined()) return true;
+    if (mask.rank() > 4) return false;
+    const size_t full[4] = {q.dim(0), q.dim(1), t, s};
+    for (size_t i = 0; i < mask.rank(); ++i) {
+      const size_t md = mask.dim(static_cast<int64_t>(i)), fd = full[4 - mask.rank() + i];
+      if (md != fd && md != 1) return false;
+    }
+    return true;
+  };
+  if (!(dropout_p > 0.0) && v.dim(3) == d && k.dim(0) == q.dim(0) && k.dim(1) == q.dim(1) &&
+      mask_fits()) {
+    Tensor m = mask.defined() ? mask.to_dtype(q.dtype()) : Tensor();
+    if (causal) {
+      const Tensor c = causal_mask(t, s, q.dtype(), q.device());
+      m = m.defined() ? m + c : c;
+    }
+    return ops::attention(q, k, v, m, scale);
+  }
   Tensor scores = (q * scale).matmul(k.transpose(-2, -1));  // (B, H, T, S)
   if (mask.defined()) scores = scores + mask.to_dtype(scores.dtype());
   if (causal) scores = scores + causal_mask(t, s, scores.dtype(), scores.device());

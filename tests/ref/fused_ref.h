@@ -322,4 +322,96 @@ inline NormBwd group_norm_bwd(const std::vector<double>& x, const std::vector<do
   return o;
 }
 
+// ---- attention ------------------------------------------------------------------------------
+// Shape letters: N = B * H heads; q (N, T, D), k and v (N, S, D), mask (N, T, S) (already
+// broadcast) or empty, all row-major; out (N, T, D), lse (N, T).
+
+struct AttentionFwd {
+  std::vector<double> out, lse;
+};
+
+/// softmax(scale q k^T + mask) v per head, the row max subtracted first; a row with no finite
+/// max (all -inf, or +inf) or a NaN score gives NaN out and lse. S = 0 gives out 0, lse -inf.
+inline AttentionFwd attention_fwd(const std::vector<double>& q, const std::vector<double>& k,
+                                  const std::vector<double>& v, const std::vector<double>& mask,
+                                  size_t N, size_t T, size_t S, size_t D, double scale) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  AttentionFwd r;
+  r.out.assign(N * T * D, 0.0);
+  r.lse.assign(N * T, -std::numeric_limits<double>::infinity());
+  std::vector<double> s(S);
+  for (size_t n = 0; n < N; ++n)
+    for (size_t t = 0; t < T; ++t) {
+      if (S == 0) continue;
+      double m = -std::numeric_limits<double>::infinity();
+      bool bad = false;
+      for (size_t j = 0; j < S; ++j) {
+        double dot = 0;
+        for (size_t d = 0; d < D; ++d) dot += q[(n * T + t) * D + d] * k[(n * S + j) * D + d];
+        s[j] = scale * dot + (mask.empty() ? 0.0 : mask[(n * T + t) * S + j]);
+        if (std::isnan(s[j])) bad = true;
+        m = std::max(m, s[j]);
+      }
+      double* o = &r.out[(n * T + t) * D];
+      if (bad || !std::isfinite(m)) {
+        std::fill(o, o + D, nan);
+        r.lse[n * T + t] = nan;
+        continue;
+      }
+      double sum = 0;
+      for (size_t j = 0; j < S; ++j) sum += std::exp(s[j] - m);
+      for (size_t j = 0; j < S; ++j) {
+        const double p = std::exp(s[j] - m) / sum;
+        for (size_t d = 0; d < D; ++d) o[d] += p * v[(n * S + j) * D + d];
+      }
+      r.lse[n * T + t] = m + std::log(sum);
+    }
+  return r;
+}
+
+struct AttentionBwd {
+  std::vector<double> dq, dk, dv;
+};
+
+/// The gradients of attention_fwd for the upstream gradient dout (N, T, D): with P the
+/// probabilities, D_t = sum(dout_t * out_t), dS = P (dout v^T - D): dq = scale dS k,
+/// dk = scale dS^T q, dv = P^T dout. `out` is the forward output the op kept (the kernels read
+/// the stored, rounded one; empty: the exact one). A NaN forward row makes its dq row and the
+/// head's dk, dv NaN.
+inline AttentionBwd attention_bwd(const std::vector<double>& q, const std::vector<double>& k,
+                                  const std::vector<double>& v, const std::vector<double>& mask,
+                                  const std::vector<double>& out, const std::vector<double>& dout,
+                                  size_t N, size_t T, size_t S, size_t D, double scale) {
+  AttentionFwd f = attention_fwd(q, k, v, mask, N, T, S, D, scale);
+  if (!out.empty()) f.out = out;
+  AttentionBwd r;
+  r.dq.assign(N * T * D, 0.0);
+  r.dk.assign(N * S * D, 0.0);
+  r.dv.assign(N * S * D, 0.0);
+  for (size_t n = 0; n < N; ++n)
+    for (size_t t = 0; t < T; ++t) {
+      if (S == 0) continue;
+      const double lse = f.lse[n * T + t];
+      double rowdot = 0;
+      for (size_t d = 0; d < D; ++d)
+        rowdot += dout[(n * T + t) * D + d] * f.out[(n * T + t) * D + d];
+      for (size_t j = 0; j < S; ++j) {
+        double dot = 0, dp = 0;
+        for (size_t d = 0; d < D; ++d) {
+          dot += q[(n * T + t) * D + d] * k[(n * S + j) * D + d];
+          dp += dout[(n * T + t) * D + d] * v[(n * S + j) * D + d];
+        }
+        const double s = scale * dot + (mask.empty() ? 0.0 : mask[(n * T + t) * S + j]);
+        const double p = std::exp(s - lse);  // lse NaN: NaN
+        const double ds = p * (dp - rowdot);
+        for (size_t d = 0; d < D; ++d) {
+          r.dq[(n * T + t) * D + d] += scale * ds * k[(n * S + j) * D + d];
+          r.dk[(n * S + j) * D + d] += scale * ds * q[(n * T + t) * D + d];
+          r.dv[(n * S + j) * D + d] += p * dout[(n * T + t) * D + d];
+        }
+      }
+    }
+  return r;
+}
+
 }  // namespace taper::ref

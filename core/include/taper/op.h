@@ -99,6 +99,10 @@ namespace taper {
   X(rms_norm_bwd, 4, 2, 0, false, "ints: need dw, need db; dtype: db's")                           \
   X(layer_norm_bwd, 5, 3, 0, false, "ints: need dw, need db; dtype: db's")                         \
   X(group_norm_bwd, 5, 3, 0, false, "i0: num_groups; ints: need dw, need db; dtype: db's")         \
+  /* fused attention: (q, k, v, mask or undefined) -> out, saved lse (B, H, T); the backward */   \
+  /* op (q, k, v, mask, out, lse, dout) -> dq, dk, dv. No (B, H, T, S) tensor is kept. */        \
+  X(attention, 4, 1, 1, true, "f0: scale")                                                         \
+  X(attention_bwd, 7, 3, 0, false, "f0: scale")                                                    \
   /* optim (updates of the optimizers; flag: in place, the outputs are inputs 0, 2, 3; input */ \
   /* 4, when present: the bf16/f16 parameter of an f32 master, given w' rounded once) */        \
   X(adamw_step, 5, 3, 0, false, "reals: decay, b1, b2, eps, lr / bc1, sqrt(bc2); flag: in place")

@@ -33,5 +33,14 @@ Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps)
 /// C = 0), or eps < 0.
 Tensor group_norm(const Tensor& x, size_t num_groups, const Tensor& w, const Tensor& b,
                   double eps);
+/// Fused scaled dot-product attention: softmax(scale * q k^T + mask) v over the last dim, the
+/// row max subtracted first, without materialising the (B, H, T, S) scores. q: (B, H, T, D),
+/// k and v: (B, H, S, D), all of one float dtype and device (any strides); mask: additive, of
+/// q's dtype, rank <= 4 and broadcastable to (B, H, T, S), or undefined/empty for none. A query
+/// row whose scores are all -inf gives NaN, as softmax does. The result has q's shape and dtype.
+/// Differentiable in q, k, v and mask; the backward recomputes the probabilities from the saved
+/// row log-sum-exp (B, H, T) (f32 for bf16/f16/f32, f64 for f64).
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                 double scale);
 
 }  // namespace taper::ops

@@ -33,8 +33,10 @@ Tensor padding_mask(const Tensor& attention_mask, DType dt);
 
 /// softmax(q k^T / sqrt(D) + mask) v. q: (B, H, T, D), k, v: (B, H, S, D); mask: additive,
 /// broadcastable to (B, H, T, S), or undefined. `causal` adds `causal_mask(T, S)`. Dropout on
-/// the attention weights when `dropout_p > 0` (seeded as `dropout`). The softmax is the fused
-/// `ops::softmax_last_dim`; q is scaled before the product (T*D multiplies, not T*S).
+/// the attention weights when `dropout_p > 0` (seeded as `dropout`). Without dropout this is the
+/// fused `ops::attention` (the causal mask folded into the additive one), which keeps no
+/// (B, H, T, S) tensor for the backward; with dropout, the composed scores, the fused
+/// `ops::softmax_last_dim` and the product (q scaled first: T*D multiplies, not T*S).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& mask = Tensor(), bool causal = false,
                                     double dropout_p = 0.0, uint64_t dropout_seed = 0);
