@@ -6,10 +6,12 @@
 // depend on the thread count, and no two tasks write the same output: no atomics). A task copies
 // its head's K (transposed) and V into compute-type scratch, then walks the query rows: the
 // scores of one row live in a scratch row of S elements, never a (T, S) block, and nothing of
-// size (B, H, T, S) is allocated by either kernel.
+// size (B, H, T, S) is allocated by either kernel. The backward takes the query rows in blocks
+// of kBlock (16): their P and dS rows (16 x S scratch) update each dk, dv row once per block.
+// The products run with four vectors of the result in registers (RowTimesRows, AccumRows).
 // What it is not: autograd (core/src/backward.cpp calls attention_bwd), the composed forms
-// (metal_fallback/composed.cpp) or a tiled flash kernel (each head's K, V are copied once; the
-// query rows are processed one at a time). The scalar reference is tests/ref/fused_ref.h.
+// (metal_fallback/composed.cpp) or a tiled flash kernel with GEMM micro-kernels (each head's K,
+// V are copied once, then read per query row). The scalar reference is tests/ref/fused_ref.h.
 //
 // Shapes: q (B, H, T, D), k and v (B, H, S, D), any strides; mask additive, broadcastable to
 // (B, H, T, S) (read through strides, 0 along broadcast dims) or absent; out (B, H, T, D) and
@@ -88,14 +90,79 @@ template <class C> HWY_INLINE size_t Padded(size_t n) {
   return (n + N - 1) / N * N;
 }
 
-/// y[0, n) += a * x[0, n); n a multiple of the vector length (padded rows).
+/// One vector of sum_{k < K} c[k * cs] * X[k * ld + (0, N)], in four partial sums (k mod 4,
+/// added as (s0 + s1) + (s2 + s3)): a short row (D = 32 is two f32 vectors on AVX-512) would
+/// otherwise wait on one multiply-add's latency per k. A fixed order: the same bits every run.
+template <class DC, class C>
+HWY_INLINE hn::Vec<DC> ColumnSum(DC d, const C* HWY_RESTRICT c, size_t cs, size_t K,
+                                 const C* HWY_RESTRICT X, size_t ld) {
+  auto s0 = hn::Zero(d), s1 = hn::Zero(d), s2 = hn::Zero(d), s3 = hn::Zero(d);
+  size_t k = 0;
+  for (; k + 4 <= K; k += 4) {
+    s0 = hn::MulAdd(hn::Set(d, c[k * cs]), hn::LoadU(d, X + k * ld), s0);
+    s1 = hn::MulAdd(hn::Set(d, c[(k + 1) * cs]), hn::LoadU(d, X + (k + 1) * ld), s1);
+    s2 = hn::MulAdd(hn::Set(d, c[(k + 2) * cs]), hn::LoadU(d, X + (k + 2) * ld), s2);
+    s3 = hn::MulAdd(hn::Set(d, c[(k + 3) * cs]), hn::LoadU(d, X + (k + 3) * ld), s3);
+  }
+  for (; k < K; ++k) s0 = hn::MulAdd(hn::Set(d, c[k * cs]), hn::LoadU(d, X + k * ld), s0);
+  return hn::Add(hn::Add(s0, s1), hn::Add(s2, s3));
+}
+
+/// out[0, n) = sum_{k < K} a[k] * M[k * ld + (0, n)], the sum in k order, n padded: four
+/// vectors of out stay in registers across the K rows (one load per multiply-add, where an
+/// Axpy per row would also load and store out); the same operations, so the same bits, as K
+/// Axpy calls on a zeroed out.
 template <class C>
-HWY_INLINE void Axpy(C a, const C* HWY_RESTRICT x, C* HWY_RESTRICT y, size_t n) {
+HWY_INLINE void RowTimesRows(const C* HWY_RESTRICT a, size_t K, const C* HWY_RESTRICT M,
+                             size_t ld, C* HWY_RESTRICT out, size_t n) {
   const hn::ScalableTag<C> d;
   const size_t N = hn::Lanes(d);
-  const auto va = hn::Set(d, a);
-  for (size_t i = 0; i < n; i += N)
-    hn::StoreU(hn::MulAdd(va, hn::LoadU(d, x + i), hn::LoadU(d, y + i)), d, y + i);
+  size_t i = 0;
+  for (; i + 4 * N <= n; i += 4 * N) {
+    auto s0 = hn::Zero(d), s1 = hn::Zero(d), s2 = hn::Zero(d), s3 = hn::Zero(d);
+    for (size_t k = 0; k < K; ++k) {
+      const auto x = hn::Set(d, a[k]);
+      const C* r = M + k * ld + i;
+      s0 = hn::MulAdd(x, hn::LoadU(d, r), s0);
+      s1 = hn::MulAdd(x, hn::LoadU(d, r + N), s1);
+      s2 = hn::MulAdd(x, hn::LoadU(d, r + 2 * N), s2);
+      s3 = hn::MulAdd(x, hn::LoadU(d, r + 3 * N), s3);
+    }
+    hn::StoreU(s0, d, out + i);
+    hn::StoreU(s1, d, out + i + N);
+    hn::StoreU(s2, d, out + i + 2 * N);
+    hn::StoreU(s3, d, out + i + 3 * N);
+  }
+  for (; i < n; i += N) hn::StoreU(ColumnSum(d, a, 1, K, M + i, ld), d, out + i);
+}
+
+/// y[0, n) += sum_{b < nb} c[b * cs] * X[b * ld + (0, n)], added in b order onto y's value,
+/// four vectors of y in registers across the nb rows; vectors past the last block of four:
+/// y + ColumnSum.
+template <class C>
+HWY_INLINE void AccumRows(const C* HWY_RESTRICT c, size_t cs, size_t nb, const C* HWY_RESTRICT X,
+                          size_t ld, C* HWY_RESTRICT y, size_t n) {
+  const hn::ScalableTag<C> d;
+  const size_t N = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + 4 * N <= n; i += 4 * N) {
+    auto s0 = hn::LoadU(d, y + i), s1 = hn::LoadU(d, y + i + N);
+    auto s2 = hn::LoadU(d, y + i + 2 * N), s3 = hn::LoadU(d, y + i + 3 * N);
+    for (size_t b = 0; b < nb; ++b) {
+      const auto x = hn::Set(d, c[b * cs]);
+      const C* r = X + b * ld + i;
+      s0 = hn::MulAdd(x, hn::LoadU(d, r), s0);
+      s1 = hn::MulAdd(x, hn::LoadU(d, r + N), s1);
+      s2 = hn::MulAdd(x, hn::LoadU(d, r + 2 * N), s2);
+      s3 = hn::MulAdd(x, hn::LoadU(d, r + 3 * N), s3);
+    }
+    hn::StoreU(s0, d, y + i);
+    hn::StoreU(s1, d, y + i + N);
+    hn::StoreU(s2, d, y + i + 2 * N);
+    hn::StoreU(s3, d, y + i + 3 * N);
+  }
+  for (; i < n; i += N)
+    hn::StoreU(hn::Add(hn::LoadU(d, y + i), ColumnSum(d, c, cs, nb, X + i, ld)), d, y + i);
 }
 
 /// e[0, n) = exp(s[0, n) - c), n padded; padding lanes of s hold -inf (exp: 0).
@@ -137,8 +204,7 @@ HWY_INLINE void LoadHead(const T* base, const int64_t* st, size_t S, size_t D, s
 template <class T, class C = compute_t<T>>
 HWY_INLINE void Scores(const ad::Job& j, const C* q, const C* kt, const T* mrow, size_t Sp,
                        C* sc) {
-  std::fill(sc, sc + Sp, C(0));
-  for (size_t d = 0; d < j.D; ++d) Axpy(q[d], kt + d * Sp, sc, Sp);
+  RowTimesRows(q, j.D, kt, Sp, sc, Sp);
   const C scale = static_cast<C>(j.scale);
   for (size_t s = 0; s < j.S; ++s) {
     C x = scale * sc[s];
@@ -181,16 +247,17 @@ template <class T> void FwdHeads(const ad::Job& j, size_t begin, size_t end) {
       for (size_t s = 0; s < S; ++s) m = sc[s] > m ? sc[s] : m;  // NaN scores: found by the sum
       ExpShifted(sc, m, sc, Sp);  // all -inf (m = -inf): NaN everywhere, as softmax
       C sum = 0;
-      std::fill(acc, acc + Dp, C(0));
-      for (size_t s = 0; s < S; ++s) {
-        sum += sc[s];
-        Axpy(sc[s], vr + s * Dp, acc, Dp);
-      }
+      for (size_t s = 0; s < S; ++s) sum += sc[s];
+      RowTimesRows(sc, S, vr, Dp, acc, Dp);
       for (size_t d = 0; d < D; ++d) orow[d] = round_to<T>(acc[d] / sum);
       lse[bh * j.T + t] = m + std::log(sum);
     }
   }
 }
+
+/// Query rows per backward block: their P and dS rows (kBlock x S scratch) feed dk and dv with
+/// one read-modify-write of each dk, dv row per block instead of per query row.
+inline constexpr size_t kBlock = 16;
 
 template <class T> void BwdHeads(const ad::Job& j, size_t begin, size_t end) {
   using C = compute_t<T>;
@@ -200,11 +267,11 @@ template <class T> void BwdHeads(const ad::Job& j, size_t begin, size_t end) {
   C* vt = AttnScratch<C, 5>(D * Sp);
   C* dka = AttnScratch<C, 6>(S * Dp);
   C* dva = AttnScratch<C, 7>(S * Dp);
-  C* q = AttnScratch<C, 2>(Dp);
-  C* go = AttnScratch<C, 8>(Dp);
+  C* qb = AttnScratch<C, 2>(kBlock * Dp);   // the block's q rows
+  C* gb = AttnScratch<C, 8>(kBlock * Dp);   // the block's dout rows
+  C* pb = AttnScratch<C, 3>(kBlock * Sp);   // the block's P rows
+  C* sb = AttnScratch<C, 9>(kBlock * Sp);   // dP, then dS rows
   C* dq = AttnScratch<C, 4>(Dp);
-  C* p = AttnScratch<C, 3>(Sp);
-  C* dp = AttnScratch<C, 9>(Sp);
   const C scale = static_cast<C>(j.scale);
   T* dqo = static_cast<T*>(j.out);
   T* dko = static_cast<T*>(j.dk);
@@ -212,34 +279,43 @@ template <class T> void BwdHeads(const ad::Job& j, size_t begin, size_t end) {
   const C* lse = static_cast<const C*>(j.lse);
   for (size_t bh = begin; bh < end; ++bh) {
     const size_t b = bh / j.H, h = bh % j.H;
+    if (S == 0) {  // no keys: dq is an empty sum; dk, dv are empty
+      T* dqh = dqo + bh * j.T * D;
+      std::fill(dqh, dqh + j.T * D, round_to<T>(C(0)));
+      continue;
+    }
     LoadHead<T>(At<T>(j.k, j.ks, b, h, 0), j.ks, S, D, Sp, Dp, kt, kr);
     LoadHead<T>(At<T>(j.v, j.vs, b, h, 0), j.vs, S, D, Sp, Dp, vt, nullptr);
     std::fill(dka, dka + S * Dp, C(0));
     std::fill(dva, dva + S * Dp, C(0));
-    for (size_t t = 0; t < j.T; ++t) {
-      T* dqrow = dqo + (bh * j.T + t) * D;
-      if (S == 0) {
-        std::fill(dqrow, dqrow + D, round_to<T>(C(0)));
-        continue;
+    for (size_t t0 = 0; t0 < j.T; t0 += kBlock) {
+      const size_t nb = std::min(kBlock, j.T - t0);
+      for (size_t r = 0; r < nb; ++r) {
+        const size_t t = t0 + r;
+        C* q = qb + r * Dp;
+        C* go = gb + r * Dp;
+        C* p = pb + r * Sp;
+        C* ds = sb + r * Sp;
+        LoadRow(At<T>(j.q, j.qs, b, h, t), j.qs[3], D, Dp, q);
+        LoadRow(At<T>(j.dout, j.dos, b, h, t), j.dos[3], D, Dp, go);
+        const T* orow = At<T>(j.o, j.os, b, h, t);
+        C rowdot = 0;  // D = sum(dout * out), in order
+        for (size_t d = 0; d < D; ++d)
+          rowdot += go[d] * widen(orow[static_cast<int64_t>(d) * j.os[3]]);
+        const T* mrow = j.mask ? At<T>(j.mask, j.ms, b, h, t) : nullptr;
+        Scores<T>(j, q, kt, mrow, Sp, p);
+        ExpShifted(p, lse[bh * j.T + t], p, Sp);  // P, recomputed (NaN lse: a NaN row)
+        RowTimesRows(go, D, vt, Sp, ds, Sp);       // dP = dout . v_s
+        for (size_t s = 0; s < S; ++s) ds[s] = p[s] * (ds[s] - rowdot);
+        RowTimesRows(ds, S, kr, Dp, dq, Dp);       // dq = scale sum_s dS_s k_s
+        T* dqrow = dqo + (bh * j.T + t) * D;
+        for (size_t d = 0; d < D; ++d) dqrow[d] = round_to<T>(scale * dq[d]);
       }
-      LoadRow(At<T>(j.q, j.qs, b, h, t), j.qs[3], D, Dp, q);
-      LoadRow(At<T>(j.dout, j.dos, b, h, t), j.dos[3], D, Dp, go);
-      const T* orow = At<T>(j.o, j.os, b, h, t);
-      C rowdot = 0;  // D = sum(dout * out), in order
-      for (size_t d = 0; d < D; ++d) rowdot += go[d] * widen(orow[static_cast<int64_t>(d) * j.os[3]]);
-      const T* mrow = j.mask ? At<T>(j.mask, j.ms, b, h, t) : nullptr;
-      Scores<T>(j, q, kt, mrow, Sp, p);
-      ExpShifted(p, lse[bh * j.T + t], p, Sp);  // P, recomputed (NaN lse: a NaN row)
-      std::fill(dp, dp + Sp, C(0));
-      for (size_t d = 0; d < D; ++d) Axpy(go[d], vt + d * Sp, dp, Sp);
-      std::fill(dq, dq + Dp, C(0));
+      // dk_s += sum_t dS_ts q_t, dv_s += sum_t P_ts dout_t over the block, in t order.
       for (size_t s = 0; s < S; ++s) {
-        const C ds = p[s] * (dp[s] - rowdot);
-        Axpy(ds, kr + s * Dp, dq, Dp);
-        Axpy(ds, q, dka + s * Dp, Dp);
-        Axpy(p[s], go, dva + s * Dp, Dp);
+        AccumRows(sb + s, Sp, nb, qb, Dp, dka + s * Dp, Dp);
+        AccumRows(pb + s, Sp, nb, gb, Dp, dva + s * Dp, Dp);
       }
-      for (size_t d = 0; d < D; ++d) dqrow[d] = round_to<T>(scale * dq[d]);
     }
     for (size_t s = 0; s < S; ++s) {
       T* dkrow = dko + (bh * S + s) * D;
