@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cpu/cpu_common.h"
+#include "taper/kernel_checks.h"
 
 namespace taper::cpu {
 namespace {
@@ -40,17 +41,8 @@ void adamw_range(const T* w, const G* g, const T* m, const T* v, T* wo, T* mo, T
 }
 
 std::vector<Tensor> adamw_step_kernel(const std::vector<Tensor>& in, const OpAttrs& attrs) {
-  TAPER_ASSERT(attrs.reals.size() == 6);
+  check_adamw_step(in, attrs);
   const Tensor& w = in[0];
-  TAPER_CHECK(!present(in, 4) || (w.dtype() == DType::F32 && is_half(in[4].dtype()) &&
-                                  in[4].shape() == w.shape()),
-              "adamw_step: the rounded parameter must be a bf16/f16 ", w.shape().to_string(),
-              " beside an f32 master, got ", dtype_name(in[4].dtype()), " ",
-              in[4].shape().to_string(), " beside ", dtype_name(w.dtype()));
-  TAPER_CHECK(in[1].dtype() == w.dtype() || (w.dtype() == DType::F32 && is_half(in[1].dtype())),
-              "adamw_step: a ", dtype_name(in[1].dtype()), " gradient for a ",
-              dtype_name(w.dtype()), " parameter (it must be the parameter's dtype, or bf16/f16 "
-              "for an f32 master)");
   std::vector<Tensor> out;
   if (attrs.flag)
     out = {in[0], in[2], in[3]};

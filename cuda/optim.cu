@@ -7,6 +7,7 @@
 // f32 master w: it receives w' rounded once, in the same pass (cast_value, the CPU's rounding);
 // with an f32 w the gradient may be bf16/f16, widened exactly as it is read.
 #include "cuda/cuda_common.cuh"
+#include "taper/kernel_checks.h"
 
 namespace taper::cuda {
 namespace {
@@ -32,17 +33,8 @@ __global__ void adamw_kernel(const T* w, const G* __restrict__ g, const T* m, co
 }
 
 std::vector<Tensor> adamw_step_kernel(const std::vector<Tensor>& in, const OpAttrs& attrs) {
-  TAPER_CHECK(attrs.reals.size() == 6, "adamw_step: needs 6 scalars, got ", attrs.reals.size());
+  check_adamw_step(in, attrs);
   const Tensor& w = in[0];
-  TAPER_CHECK(!present(in, 4) || (w.dtype() == DType::F32 && is_half(in[4].dtype()) &&
-                                  in[4].shape() == w.shape()),
-              "adamw_step: the rounded parameter must be a bf16/f16 ", w.shape().to_string(),
-              " beside an f32 master, got ", dtype_name(in[4].dtype()), " ",
-              in[4].shape().to_string(), " beside ", dtype_name(w.dtype()));
-  TAPER_CHECK(in[1].dtype() == w.dtype() || (w.dtype() == DType::F32 && is_half(in[1].dtype())),
-              "adamw_step: a ", dtype_name(in[1].dtype()), " gradient for a ",
-              dtype_name(w.dtype()), " parameter (it must be the parameter's dtype, or bf16/f16 "
-              "for an f32 master)");
   std::vector<Tensor> out;
   if (attrs.flag)
     out = {in[0], in[2], in[3]};
