@@ -108,46 +108,20 @@ HWY_INLINE hn::Vec<DC> ColumnSum(DC d, const C* HWY_RESTRICT c, size_t cs, size_
   return hn::Add(hn::Add(s0, s1), hn::Add(s2, s3));
 }
 
-/// out[0, n) = sum_{k < K} a[k] * M[k * ld + (0, n)], the sum in k order, n padded: four
-/// vectors of out stay in registers across the K rows (one load per multiply-add, where an
-/// Axpy per row would also load and store out); the same operations, so the same bits, as K
-/// Axpy calls on a zeroed out.
-template <class C>
-HWY_INLINE void RowTimesRows(const C* HWY_RESTRICT a, size_t K, const C* HWY_RESTRICT M,
-                             size_t ld, C* HWY_RESTRICT out, size_t n) {
-  const hn::ScalableTag<C> d;
-  const size_t N = hn::Lanes(d);
-  size_t i = 0;
-  for (; i + 4 * N <= n; i += 4 * N) {
-    auto s0 = hn::Zero(d), s1 = hn::Zero(d), s2 = hn::Zero(d), s3 = hn::Zero(d);
-    for (size_t k = 0; k < K; ++k) {
-      const auto x = hn::Set(d, a[k]);
-      const C* r = M + k * ld + i;
-      s0 = hn::MulAdd(x, hn::LoadU(d, r), s0);
-      s1 = hn::MulAdd(x, hn::LoadU(d, r + N), s1);
-      s2 = hn::MulAdd(x, hn::LoadU(d, r + 2 * N), s2);
-      s3 = hn::MulAdd(x, hn::LoadU(d, r + 3 * N), s3);
-    }
-    hn::StoreU(s0, d, out + i);
-    hn::StoreU(s1, d, out + i + N);
-    hn::StoreU(s2, d, out + i + 2 * N);
-    hn::StoreU(s3, d, out + i + 3 * N);
-  }
-  for (; i < n; i += N) hn::StoreU(ColumnSum(d, a, 1, K, M + i, ld), d, out + i);
-}
-
-/// y[0, n) += sum_{b < nb} c[b * cs] * X[b * ld + (0, n)], added in b order onto y's value,
-/// four vectors of y in registers across the nb rows; vectors past the last block of four:
-/// y + ColumnSum.
-template <class C>
+/// y[0, n) (+)= sum_{b < nb} c[b * cs] * X[b * ld + (0, n)], the sum in b order, n padded: four
+/// vectors of y stay in registers across the nb rows (one load per multiply-add, where an Axpy
+/// per row would also load and store y); vectors past the last block of four: ColumnSum. With
+/// kAdd the sum goes onto y's value, else y is overwritten (the same bits as Axpy calls on a
+/// zeroed y).
+template <bool kAdd, class C>
 HWY_INLINE void AccumRows(const C* HWY_RESTRICT c, size_t cs, size_t nb, const C* HWY_RESTRICT X,
                           size_t ld, C* HWY_RESTRICT y, size_t n) {
   const hn::ScalableTag<C> d;
   const size_t N = hn::Lanes(d);
+  auto start = [&](size_t at) { return kAdd ? hn::LoadU(d, y + at) : hn::Zero(d); };
   size_t i = 0;
   for (; i + 4 * N <= n; i += 4 * N) {
-    auto s0 = hn::LoadU(d, y + i), s1 = hn::LoadU(d, y + i + N);
-    auto s2 = hn::LoadU(d, y + i + 2 * N), s3 = hn::LoadU(d, y + i + 3 * N);
+    auto s0 = start(i), s1 = start(i + N), s2 = start(i + 2 * N), s3 = start(i + 3 * N);
     for (size_t b = 0; b < nb; ++b) {
       const auto x = hn::Set(d, c[b * cs]);
       const C* r = X + b * ld + i;
@@ -161,8 +135,17 @@ HWY_INLINE void AccumRows(const C* HWY_RESTRICT c, size_t cs, size_t nb, const C
     hn::StoreU(s2, d, y + i + 2 * N);
     hn::StoreU(s3, d, y + i + 3 * N);
   }
-  for (; i < n; i += N)
-    hn::StoreU(hn::Add(hn::LoadU(d, y + i), ColumnSum(d, c, cs, nb, X + i, ld)), d, y + i);
+  for (; i < n; i += N) {
+    const auto t = ColumnSum(d, c, cs, nb, X + i, ld);
+    hn::StoreU(kAdd ? hn::Add(hn::LoadU(d, y + i), t) : t, d, y + i);
+  }
+}
+
+/// out[0, n) = sum_{k < K} a[k] * M[k * ld + (0, n)] (AccumRows onto nothing).
+template <class C>
+HWY_INLINE void RowTimesRows(const C* HWY_RESTRICT a, size_t K, const C* HWY_RESTRICT M,
+                             size_t ld, C* HWY_RESTRICT out, size_t n) {
+  AccumRows<false>(a, 1, K, M, ld, out, n);
 }
 
 /// e[0, n) = exp(s[0, n) - c), n padded; padding lanes of s hold -inf (exp: 0).
@@ -313,8 +296,8 @@ template <class T> void BwdHeads(const ad::Job& j, size_t begin, size_t end) {
       }
       // dk_s += sum_t dS_ts q_t, dv_s += sum_t P_ts dout_t over the block, in t order.
       for (size_t s = 0; s < S; ++s) {
-        AccumRows(sb + s, Sp, nb, qb, Dp, dka + s * Dp, Dp);
-        AccumRows(pb + s, Sp, nb, gb, Dp, dva + s * Dp, Dp);
+        AccumRows<true>(sb + s, Sp, nb, qb, Dp, dka + s * Dp, Dp);
+        AccumRows<true>(pb + s, Sp, nb, gb, Dp, dva + s * Dp, Dp);
       }
     }
     for (size_t s = 0; s < S; ++s) {
