@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <functional>
 #include <sstream>
+#include <thread>
 
 #include "taper/composed.h"
 #include "tests/test_util.h"
@@ -266,6 +267,46 @@ TEST(Registry, KernelCallsAndOpProfileCountDispatches) {
   EXPECT_EQ(calls, (std::map<std::string, uint64_t>{{"exp", 2}, {"tanh", 1}}));
   reset_op_profile();
   EXPECT_TRUE(op_profile().empty());
+}
+
+TEST(Registry, ComposedOpsListNamesFusedOps) {
+  auto flagged = [](const std::vector<bool>& on) {
+    std::vector<std::string> names;
+    for (size_t i = 0; i < on.size(); ++i)
+      if (on[i]) names.emplace_back(op_name(static_cast<OpId>(i)));
+    return names;
+  };
+  EXPECT_TRUE(flagged(detail::parse_composed_ops("")).empty());
+  EXPECT_EQ(flagged(detail::parse_composed_ops("attention_bwd,,attention")),
+            (std::vector<std::string>{"attention", "attention_bwd"}));
+  const std::vector<std::string> all = flagged(detail::parse_composed_ops("all"));
+  EXPECT_NE(std::find(all.begin(), all.end(), "group_norm_bwd"), all.end());
+  EXPECT_EQ(std::find(all.begin(), all.end(), "matmul"), all.end());
+  const std::string m = error_of([] { (void)detail::parse_composed_ops("softmax_last_dim,matmul"); });
+  EXPECT_TRUE(contains(m, "TAPER_COMPOSED_OPS") && contains(m, "'matmul'") &&
+              contains(m, "composed form")) << m;
+  const std::string u = error_of([] { (void)detail::parse_composed_ops("sofmax"); });
+  EXPECT_TRUE(contains(u, "'sofmax' is not an op")) << u;
+}
+
+// Run by ctest with TAPER_COMPOSED_OPS=softmax_last_dim (tests/CMakeLists.txt): the variable
+// sends that op, and no other, to its composed form in every thread.
+TEST(Registry, ComposedOpsEnvironmentVariable) {
+  const char* e = std::getenv("TAPER_COMPOSED_OPS");
+  if (e == nullptr || std::string_view(e) != "softmax_last_dim")
+    GTEST_SKIP() << "run with TAPER_COMPOSED_OPS=softmax_last_dim (ctest does)";
+  const Tensor x = random_tensor({4, 9}, DType::F32, 1);
+  reset_op_profile();
+  set_op_profiling(true);
+  std::thread([&] { (void)ops::softmax_last_dim(x); }).join();
+  (void)ops::log_softmax_last_dim(x);
+  set_op_profiling(false);
+  std::set<std::string> ran;
+  for (const OpProfileRow& r : op_profile()) ran.emplace(op_name(r.op));
+  reset_op_profile();
+  EXPECT_EQ(ran.count("softmax_last_dim"), 0u);
+  EXPECT_EQ(ran.count("exp"), 1u);
+  EXPECT_EQ(ran.count("log_softmax_last_dim"), 1u);
 }
 
 // The op table's contract on what a kernel returns (n_out + n_saved outputs, the saved ones in

@@ -41,6 +41,15 @@ std::vector<OpDef>& table() {
 
 thread_local std::vector<bool> t_composed_only(kNumOps, false);
 
+// TAPER_COMPOSED_OPS, read once at the first dispatch (an unknown name is an Error there).
+const std::vector<bool>& env_composed_only() {
+  static const std::vector<bool> v = [] {
+    const char* e = std::getenv("TAPER_COMPOSED_OPS");
+    return detail::parse_composed_ops(e == nullptr ? "" : e);
+  }();
+  return v;
+}
+
 std::string describe_inputs(const std::vector<Tensor>& in) {
   std::ostringstream os;
   for (size_t i = 0; i < in.size(); ++i) {
@@ -199,7 +208,8 @@ std::vector<Tensor> dispatch(OpId op, const std::vector<Tensor>& in, const OpAtt
                 " tensor (a backward rule read a value its SAVES line does not keep)");
   const KernelSlot& slot = d.kernels[static_cast<int>(dev.kind())];
   const bool has = slot.fn != nullptr && (slot.dtypes & dtype_bit(dt)) != 0;
-  if (d.composed && (!has || t_composed_only[static_cast<size_t>(op)])) {
+  if (d.composed && (!has || t_composed_only[static_cast<size_t>(op)] ||
+                     env_composed_only()[static_cast<size_t>(op)])) {
     std::vector<Tensor> outs = d.composed(in, attrs);
     outs.resize(static_cast<size_t>(d.n_out));
     return outs;
@@ -244,6 +254,30 @@ std::vector<Tensor> dispatch(OpId op, const std::vector<Tensor>& in, const OpAtt
 Tensor dispatch1(OpId op, const std::vector<Tensor>& in, const OpAttrs& attrs) {
   return dispatch(op, in, attrs)[0];
 }
+
+namespace detail {
+std::vector<bool> parse_composed_ops(std::string_view list) {
+  std::vector<bool> on(kNumOps, false);
+  while (!list.empty()) {
+    const size_t comma = list.find(',');
+    const std::string_view name = list.substr(0, comma);
+    list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
+    if (name.empty()) continue;
+    if (name == "all") {
+      for (size_t i = 0; i < kNumOps; ++i) on[i] = table()[i].composed != nullptr;
+      continue;
+    }
+    const auto* it = std::find(std::begin(kOpNames), std::end(kOpNames), name);
+    const size_t i = static_cast<size_t>(it - std::begin(kOpNames));
+    TAPER_CHECK(it != std::end(kOpNames) && table()[i].composed != nullptr,
+                "TAPER_COMPOSED_OPS: '", name, "' is not ",
+                it == std::end(kOpNames) ? "an op" : "an op with a composed form",
+                " (give fused op names such as attention,attention_bwd, or all)");
+    on[i] = true;
+  }
+  return on;
+}
+}  // namespace detail
 
 ComposedOnlyGuard::ComposedOnlyGuard() : saved_(t_composed_only) {
   t_composed_only.assign(kNumOps, true);

@@ -216,7 +216,15 @@ std::vector<OpProfileRow> op_profile();
 void reset_op_profile();
 
 /// Forces the composed path of the chosen fused ops (all of them by default) in this scope and
-/// thread, so tests and benches can run both paths on one device.
+/// thread, so tests and benches can run both paths on one device. For a whole program, the
+/// environment variable TAPER_COMPOSED_OPS does the same in every thread: a comma-separated list
+/// of fused op names (`attention,attention_bwd`) or `all`, read at the first dispatch; an unknown
+/// name is an Error there.
+namespace detail {
+/// TAPER_COMPOSED_OPS's value as a flag per OpId (an Error for a name that is not a fused op).
+std::vector<bool> parse_composed_ops(std::string_view list);
+}  // namespace detail
+
 class ComposedOnlyGuard {
  public:
   ComposedOnlyGuard();
