@@ -38,6 +38,12 @@ Tensor mean_last(const Tensor& t) {
   return t.sum({-1}, /*keepdim=*/true) / static_cast<double>(t.dim(-1));
 }
 
+/// The row max kept as a size-1 dim; rows of no elements give 0 (unused: they have no elements
+/// to shift), where max itself has nothing to reduce.
+Tensor max_last(const Tensor& t) {
+  return t.dim(-1) == 0 ? t.sum({-1}, /*keepdim=*/true) : t.max({-1}, /*keepdim=*/true);
+}
+
 /// y * w + b with w, b of shape `pshape` broadcast against y (each optional).
 Tensor affine(Tensor y, const Tensor& w, const Tensor& b, const Shape& pshape) {
   if (present(w)) y = y * upcast(w).reshape(pshape);
@@ -49,13 +55,13 @@ Tensor affine(Tensor y, const Tensor& w, const Tensor& b, const Shape& pshape) {
 
 Tensor softmax_last_dim(const Tensor& x) {
   const Tensor xc = upcast(x);
-  const Tensor e = (xc - xc.max({-1}, /*keepdim=*/true)).exp();
+  const Tensor e = (xc - max_last(xc)).exp();
   return downcast(e / e.sum({-1}, /*keepdim=*/true), x.dtype());
 }
 
 Tensor log_softmax_last_dim(const Tensor& x) {
   const Tensor xc = upcast(x);
-  const Tensor z = xc - xc.max({-1}, /*keepdim=*/true);
+  const Tensor z = xc - max_last(xc);
   return downcast(z - z.exp().sum({-1}, /*keepdim=*/true).log(), x.dtype());
 }
 
@@ -95,8 +101,13 @@ Tensor group_norm(const Tensor& x, size_t num_groups, const Tensor& w, const Ten
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
                  double scale) {
   Tensor s = (upcast(q) * scale).matmul(upcast(k).t());  // (B, H, T, S)
-  if (present(mask)) s = s + upcast(mask);
-  return downcast(softmax_last_dim(s).matmul(upcast(v)), q.dtype());
+  // An empty mask means none, unless the scores are empty too and the mask is their (B, H, T, S)
+  // view (ops::attention's with T = 0): then it is added, and gets its (empty-sum) gradient.
+  if (present(mask) || (mask.defined() && s.elem_count() == 0 && mask.rank() == 4))
+    s = s + upcast(mask);
+  // No keys (S = 0): empty weights, so out = 0 (and gradient 0), as the kernels give.
+  const Tensor w = s.dim(-1) == 0 ? s : softmax_last_dim(s);
+  return downcast(w.matmul(upcast(v)), q.dtype());
 }
 
 namespace {

@@ -304,6 +304,8 @@ TEST(Registry, ComposedOpsEnvironmentVariable) {
   std::set<std::string> ran;
   for (const OpProfileRow& r : op_profile()) ran.emplace(op_name(r.op));
   reset_op_profile();
+  EXPECT_FALSE(runs_kernel(OpId::softmax_last_dim, Device::cpu(), DType::F32));
+  EXPECT_TRUE(has_kernel(OpId::softmax_last_dim, Device::cpu(), DType::F32));
   EXPECT_EQ(ran.count("softmax_last_dim"), 0u);
   EXPECT_EQ(ran.count("exp"), 1u);
   EXPECT_EQ(ran.count("log_softmax_last_dim"), 1u);
@@ -352,6 +354,15 @@ TEST(Registry, TableDocumentsTheAttributesOpsRead) {
 TEST(Registry, CapabilityQuery) {
   EXPECT_TRUE(has_kernel(OpId::add, Device::cpu(), DType::F32));
   EXPECT_FALSE(has_kernel(OpId::exp, Device::cpu(), DType::U8));
+  // runs_kernel: the kernel is there and the op is not forced to its composed form.
+  EXPECT_TRUE(runs_kernel(OpId::softmax_last_dim, Device::cpu(), DType::F32));
+  {
+    ComposedOnlyGuard only({OpId::softmax_last_dim});
+    EXPECT_TRUE(has_kernel(OpId::softmax_last_dim, Device::cpu(), DType::F32));
+    EXPECT_FALSE(runs_kernel(OpId::softmax_last_dim, Device::cpu(), DType::F32));
+    EXPECT_TRUE(runs_kernel(OpId::add, Device::cpu(), DType::F32));  // no composed form to force
+  }
+  EXPECT_FALSE(runs_kernel(OpId::exp, Device::cpu(), DType::U8));
   // A CUDA build registers its kernels whether or not a GPU is present; a CPU-only build has none.
 #ifdef TAPER_WITH_CUDA
   EXPECT_TRUE(has_kernel(OpId::add, Device::cuda(0), DType::F32));

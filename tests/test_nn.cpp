@@ -469,6 +469,24 @@ TEST(NnAttention, DropoutGraphKeepsTwoScoreSizedTensors) {
   EXPECT_TRUE(g.get(q) && g.get(k) && g.get(v));
 }
 
+// A device with no attention kernel (here: the CPU's forced off) takes the matmul + fused
+// softmax path in the input dtype, not the op's f32 composed form: the same values as that path
+// written out, and two score-sized tensors kept.
+TEST(NnAttention, WithoutAnAttentionKernelTheMatmulSoftmaxPathRuns) {
+  const Device cpu = Device::cpu();
+  const size_t b = 2, h = 3, t = 64, d = 4;
+  const Var q = Var::from_tensor(random_tensor({b, h, t, d}, DType::BF16, 70));
+  const Var k = Var::from_tensor(random_tensor({b, h, t, d}, DType::BF16, 71));
+  const Var v = Var::from_tensor(random_tensor({b, h, t, d}, DType::BF16, 72));
+  const Tensor mask = F::padding_mask(Tensor::ones({b, t}, DType::U8), DType::BF16);
+  const ComposedOnlyGuard only({OpId::attention});
+  const size_t base = memory_stats(cpu).in_use;
+  const Tensor o = F::scaled_dot_product_attention(q, k, v, mask);
+  EXPECT_GE(memory_stats(cpu).in_use - base, 2 * b * h * t * t * sizeof(uint16_t));
+  const Tensor w = ops::softmax_last_dim((q * 0.5).matmul(k.transpose(-2, -1)) + mask);
+  EXPECT_EQ(values(o), values(w.matmul(v)));
+}
+
 /// The encoder layer assembled from functional ops and the layer's parameters.
 Tensor encoder_reference(TransformerEncoderLayer& l, const Tensor& x, const Tensor& mask) {
   const auto& o = l.options();

@@ -292,13 +292,19 @@ TEST(ZeroSize, EveryOpHasACase) {
     EXPECT_TRUE(seen[i]) << "op " << op_name(static_cast<OpId>(i)) << " has no zero-size case";
 }
 
+// Each device runs every case twice: with its kernels, and with every fused op forced to its
+// composed form (what a device without the fused kernel runs).
 TEST(ZeroSize, ForwardAndBackwardOnEveryDeviceAndFloatDtype) {
   size_t ran = 0;
   for (Device dev : test_devices())
+    for (bool composed : {false, true})
     for (DType dt : {DType::F32, DType::BF16, DType::F16, DType::F64})
       for (const Case& k : cases()) {
         if (k.in.empty() && dt != DType::F32) continue;  // creation cases: one dtype of their own
-        SCOPED_TRACE(k.name + " " + std::string(dtype_name(dt)) + " on " + dev.to_string());
+        SCOPED_TRACE(k.name + " " + std::string(dtype_name(dt)) + " on " + dev.to_string() +
+                     (composed ? " (composed forms)" : ""));
+        std::optional<ComposedOnlyGuard> only;
+        if (composed) only.emplace();
         std::vector<Tensor> in;
         uint64_t seed = 1;
         for (const Shape& s : k.in)

@@ -99,6 +99,12 @@ bool has_kernel(OpId op, Device dev, DType dt) {
   return s.fn != nullptr && (s.dtypes & dtype_bit(dt)) != 0;
 }
 
+bool runs_kernel(OpId op, Device dev, DType dt) {
+  const size_t i = static_cast<size_t>(op);
+  return has_kernel(op, dev, dt) &&
+         !(op_def(op).composed && (t_composed_only[i] || env_composed_only()[i]));
+}
+
 namespace detail {
 // Makes `outs[0..n_out)` results of a new graph node over `in` (when recording applies) and
 // returns the user-visible outputs.

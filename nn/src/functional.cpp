@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "taper/op.h"
 #include "taper/ops.h"
 
 namespace taper::nn::functional {
@@ -88,7 +89,9 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   const double scale = d ? 1.0 / std::sqrt(static_cast<double>(d)) : 1.0;
   // Without dropout, the fused op: no (B, H, T, S) tensor is kept for the backward (the causal
   // mask folds into the additive mask). A mask that does not broadcast to (B, H, T, S) by
-  // itself (or v with its own head size) takes the composed path below.
+  // itself (or v with its own head size) takes the path below, and so does a device with no
+  // attention kernel: matmuls in the input dtype and the fused softmax are faster there than the
+  // op's composed form (f32 scores, softmax from primitives), which is its reference.
   const auto mask_fits = [&] {
     if (!mask.defined()) return true;
     if (mask.rank() > 4) return false;
@@ -100,7 +103,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     return true;
   };
   if (!(dropout_p > 0.0) && v.dim(3) == d && k.dim(0) == q.dim(0) && k.dim(1) == q.dim(1) &&
-      mask_fits()) {
+      runs_kernel(OpId::attention, q.device(), q.dtype()) && mask_fits()) {
     Tensor m = mask.defined() ? mask.to_dtype(q.dtype()) : Tensor();
     if (causal) {
       const Tensor c = causal_mask(t, s, q.dtype(), q.device());

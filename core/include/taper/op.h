@@ -183,6 +183,10 @@ void register_composed(OpId op, ComposedFn fn);
 
 /// Whether (op, device, dtype) has a kernel (a capability query, as ggml's supports_op).
 bool has_kernel(OpId op, Device dev, DType dt);
+/// Whether dispatch runs that kernel here: has_kernel, and the op is not forced to its composed
+/// form in this thread (ComposedOnlyGuard, TAPER_COMPOSED_OPS). For callers that pick between a
+/// fused op and their own way of doing without it (nn's attention).
+bool runs_kernel(OpId op, Device dev, DType dt);
 
 /// Runs `op`: the kernel for (op, device kind, dtype) if there is one; else, for a fused op, its
 /// composed form; else an Error naming the op, device and dtype. Records a graph edge when
