@@ -282,7 +282,8 @@ TEST(Registry, ComposedOpsListNamesFusedOps) {
   const std::vector<std::string> all = flagged(detail::parse_composed_ops("all"));
   EXPECT_NE(std::find(all.begin(), all.end(), "group_norm_bwd"), all.end());
   EXPECT_EQ(std::find(all.begin(), all.end(), "matmul"), all.end());
-  const std::string m = error_of([] { (void)detail::parse_composed_ops("softmax_last_dim,matmul"); });
+  const std::string m =
+      error_of([] { (void)detail::parse_composed_ops("softmax_last_dim,matmul"); });
   EXPECT_TRUE(contains(m, "TAPER_COMPOSED_OPS") && contains(m, "'matmul'") &&
               contains(m, "composed form")) << m;
   const std::string u = error_of([] { (void)detail::parse_composed_ops("sofmax"); });

@@ -50,6 +50,12 @@ const std::vector<bool>& env_composed_only() {
   return v;
 }
 
+/// Whether `op` is forced to its composed form here (ComposedOnlyGuard, TAPER_COMPOSED_OPS).
+bool forced_composed(OpId op) {
+  const size_t i = static_cast<size_t>(op);
+  return t_composed_only[i] || env_composed_only()[i];
+}
+
 std::string describe_inputs(const std::vector<Tensor>& in) {
   std::ostringstream os;
   for (size_t i = 0; i < in.size(); ++i) {
@@ -100,9 +106,7 @@ bool has_kernel(OpId op, Device dev, DType dt) {
 }
 
 bool runs_kernel(OpId op, Device dev, DType dt) {
-  const size_t i = static_cast<size_t>(op);
-  return has_kernel(op, dev, dt) &&
-         !(op_def(op).composed && (t_composed_only[i] || env_composed_only()[i]));
+  return has_kernel(op, dev, dt) && !(op_def(op).composed && forced_composed(op));
 }
 
 namespace detail {
@@ -214,8 +218,7 @@ std::vector<Tensor> dispatch(OpId op, const std::vector<Tensor>& in, const OpAtt
                 " tensor (a backward rule read a value its SAVES line does not keep)");
   const KernelSlot& slot = d.kernels[static_cast<int>(dev.kind())];
   const bool has = slot.fn != nullptr && (slot.dtypes & dtype_bit(dt)) != 0;
-  if (d.composed && (!has || t_composed_only[static_cast<size_t>(op)] ||
-                     env_composed_only()[static_cast<size_t>(op)])) {
+  if (d.composed && (!has || forced_composed(op))) {
     std::vector<Tensor> outs = d.composed(in, attrs);
     outs.resize(static_cast<size_t>(d.n_out));
     return outs;
