@@ -76,13 +76,6 @@ namespace taper::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 namespace ad = taper::cpu::attention_detail;
 
-/// Per-thread scratch of at least n elements (grown, never shrunk); `slot` keeps buffers apart.
-template <class C, int kSlot> HWY_INLINE C* AttnScratch(size_t n) {
-  static thread_local std::vector<C> scratch;
-  if (scratch.size() < n) scratch.resize(n);
-  return scratch.data();
-}
-
 /// n rounded up to whole vectors of C: scratch rows are padded so every vector loop is whole.
 template <class C> HWY_INLINE size_t Padded(size_t n) {
   const hn::ScalableTag<C> d;
@@ -205,11 +198,11 @@ template <class T> const T* At(const void* p, const int64_t* st, size_t b, size_
 template <class T> void FwdHeads(const ad::Job& j, size_t begin, size_t end) {
   using C = compute_t<T>;
   const size_t S = j.S, D = j.D, Sp = Padded<C>(S), Dp = Padded<C>(D);
-  C* kt = AttnScratch<C, 0>(D * Sp);
-  C* vr = AttnScratch<C, 1>(S * Dp);
-  C* q = AttnScratch<C, 2>(Dp);
-  C* sc = AttnScratch<C, 3>(Sp);
-  C* acc = AttnScratch<C, 4>(Dp);
+  C* kt = thread_scratch<C, 0>(D * Sp);
+  C* vr = thread_scratch<C, 1>(S * Dp);
+  C* q = thread_scratch<C, 2>(Dp);
+  C* sc = thread_scratch<C, 3>(Sp);
+  C* acc = thread_scratch<C, 4>(Dp);
   T* out = static_cast<T*>(j.out);
   C* lse = static_cast<C*>(j.lse);
   for (size_t bh = begin; bh < end; ++bh) {
@@ -245,16 +238,16 @@ inline constexpr size_t kBlock = 16;
 template <class T> void BwdHeads(const ad::Job& j, size_t begin, size_t end) {
   using C = compute_t<T>;
   const size_t S = j.S, D = j.D, Sp = Padded<C>(S), Dp = Padded<C>(D);
-  C* kt = AttnScratch<C, 0>(D * Sp);
-  C* kr = AttnScratch<C, 1>(S * Dp);
-  C* vt = AttnScratch<C, 5>(D * Sp);
-  C* dka = AttnScratch<C, 6>(S * Dp);
-  C* dva = AttnScratch<C, 7>(S * Dp);
-  C* qb = AttnScratch<C, 2>(kBlock * Dp);   // the block's q rows
-  C* gb = AttnScratch<C, 8>(kBlock * Dp);   // the block's dout rows
-  C* pb = AttnScratch<C, 3>(kBlock * Sp);   // the block's P rows
-  C* sb = AttnScratch<C, 9>(kBlock * Sp);   // dP, then dS rows
-  C* dq = AttnScratch<C, 4>(Dp);
+  C* kt = thread_scratch<C, 0>(D * Sp);
+  C* kr = thread_scratch<C, 1>(S * Dp);
+  C* vt = thread_scratch<C, 5>(D * Sp);
+  C* dka = thread_scratch<C, 6>(S * Dp);
+  C* dva = thread_scratch<C, 7>(S * Dp);
+  C* qb = thread_scratch<C, 2>(kBlock * Dp);   // the block's q rows
+  C* gb = thread_scratch<C, 8>(kBlock * Dp);   // the block's dout rows
+  C* pb = thread_scratch<C, 3>(kBlock * Sp);   // the block's P rows
+  C* sb = thread_scratch<C, 9>(kBlock * Sp);   // dP, then dS rows
+  C* dq = thread_scratch<C, 4>(Dp);
   const C scale = static_cast<C>(j.scale);
   T* dqo = static_cast<T*>(j.out);
   T* dko = static_cast<T*>(j.dk);

@@ -1,5 +1,5 @@
-// cpu_common.h: what every CPU kernel family shares: the thread pool's parallel_for, strided
-// iteration over several operands, and output allocation.
+// cpu_common.h: what every CPU kernel family shares: the thread pool's parallel_for, per-thread
+// scratch buffers, strided iteration over several operands, and output allocation.
 //
 // What it is not: SIMD code (each family's .cpp holds its Highway kernels; half-type SIMD
 // conversions live in simd_half-inl.h).
@@ -36,6 +36,14 @@ template <class F> void parallel_for(size_t n, size_t grain, F&& f) {
   if (n == 0) return;
   auto tramp = [](void* ctx, size_t b, size_t e) { (*static_cast<F*>(ctx))(b, e); };
   detail::parallel_for_impl(n, grain < 1 ? 1 : grain, tramp, const_cast<void*>(static_cast<const void*>(&f)));
+}
+
+/// A per-thread scratch buffer of at least n elements of C (grown, never shrunk), for kernels'
+/// rows in their compute type; `kSlot` keeps the buffers a kernel holds at once apart.
+template <class C, int kSlot = 0> C* thread_scratch(size_t n) {
+  static thread_local std::vector<C> scratch;
+  if (scratch.size() < n) scratch.resize(n);
+  return scratch.data();
 }
 
 /// Iteration over the elements of `shape` for N operands with their own strides: dims are

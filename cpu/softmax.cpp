@@ -120,13 +120,6 @@ namespace sd = taper::cpu::softmax_detail;
 template <class T> using TC = compute_t<T>;
 template <class T> using DC = hn::ScalableTag<compute_t<T>>;
 
-/// A per-thread scratch row of at least n compute-type elements (grown, never shrunk).
-template <class C> HWY_INLINE C* Scratch(size_t n) {
-  static thread_local std::vector<C> scratch;
-  if (scratch.size() < n) scratch.resize(n);
-  return scratch.data();
-}
-
 // ---- reductions over one contiguous run (four accumulators, one horizontal reduce) -----------
 
 /// Max of x[0, n). With a NaN in x the result is unspecified (Highway's Max does not propagate
@@ -356,7 +349,7 @@ void FwdRow(const T* x, T* y, size_t D, bool log, TC<T>* st, const T* pf) {
       sd::save_stats(std::isnan(m), m, C(1), st);
       return FillNaN(y, D);
     }
-    C* e = log ? nullptr : Scratch<C>(D + hn::Lanes(DC<T>()));
+    C* e = log ? nullptr : thread_scratch<C>(D + hn::Lanes(DC<T>()));
     const C s = log ? RunSumExp<false>(x, D, m, e, pf) : RunSumExp<true>(x, D, m, e, pf);
     sd::save_stats(std::isnan(s), m, s, st);
     if (std::isnan(s)) return FillNaN(y, D);  // a NaN in the row (exp(NaN - m) is NaN)
@@ -429,7 +422,7 @@ void BwdRow(const T* x, const T* dy, T* dx, size_t D, bool log, TC<T> m, TC<T> l
   // and f64 log-softmax need y only once, after the sum of dy, so they never keep it.
   const bool scratch = D <= sd::kScratchElems && (sizeof(T) == 2 || (sizeof(T) == 8 && !log));
   if (scratch) {  // y = exp((x - m) - l) once, with the sum, kept for the write
-    C* e = Scratch<C>(D + hn::Lanes(DC<T>()));
+    C* e = thread_scratch<C>(D + hn::Lanes(DC<T>()));
     if (log) {
       const C s = RunDotExp<true, true>(x, dy, D, m, l, e, pfx, pfdy);
       return WriteBwdScratch<true, kStream>(e, dy, dx, D, s);
