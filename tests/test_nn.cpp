@@ -428,18 +428,27 @@ TEST(NnAttention, DropoutOnlyInTraining) {
   EXPECT_EQ(values(mha(x)), values(mha(x)));
 }
 
+/// q, k, v (2, 3, 64, 4) of `dt` tracking gradients and a padding mask that keeps every token.
+struct AttnInputs {
+  static constexpr size_t b = 2, h = 3, t = 64, d = 4;
+  Var q, k, v;
+  Tensor mask;
+  explicit AttnInputs(DType dt)
+      : q(Var::from_tensor(random_tensor({b, h, t, d}, dt, 70))),
+        k(Var::from_tensor(random_tensor({b, h, t, d}, dt, 71))),
+        v(Var::from_tensor(random_tensor({b, h, t, d}, dt, 72))),
+        mask(F::padding_mask(Tensor::ones({b, t}, DType::U8), dt)) {}
+};
+
 // A recorded attention keeps no (B, H, T, S) tensor: the fused op (ops::attention, used when
 // there is no dropout) keeps q, k, v, the mask (here (B, 1, 1, S)), its output and the row
 // log-sum-exp (B, H, T); the backward recomputes the probabilities row by row. (The composed
 // form kept two score-sized tensors: the masked scores and softmax's output.)
 TEST(NnAttention, GraphKeepsNoScoreSizedTensor) {
   const Device cpu = Device::cpu();
-  const size_t b = 2, h = 3, t = 64, d = 4;
-  const Var q = Var::from_tensor(random_tensor({b, h, t, d}, DType::F32, 70));
-  const Var k = Var::from_tensor(random_tensor({b, h, t, d}, DType::F32, 71));
-  const Var v = Var::from_tensor(random_tensor({b, h, t, d}, DType::F32, 72));
-  const Tensor am = Tensor::ones({b, t}, DType::U8);
-  const Tensor mask = F::padding_mask(am, DType::F32);
+  const AttnInputs in(DType::F32);
+  const auto& [q, k, v, mask] = in;
+  constexpr size_t b = AttnInputs::b, h = AttnInputs::h, t = AttnInputs::t, d = AttnInputs::d;
   const size_t scores = b * h * t * t * sizeof(float), small = b * h * t * d * sizeof(float);
   const size_t base = memory_stats(cpu).in_use;
   const Tensor o = F::scaled_dot_product_attention(q, k, v, mask);
@@ -455,11 +464,9 @@ TEST(NnAttention, GraphKeepsNoScoreSizedTensor) {
 // With dropout the composed path stays: its masked scores and softmax output are kept.
 TEST(NnAttention, DropoutGraphKeepsTwoScoreSizedTensors) {
   const Device cpu = Device::cpu();
-  const size_t b = 2, h = 3, t = 64, d = 4;
-  const Var q = Var::from_tensor(random_tensor({b, h, t, d}, DType::F32, 70));
-  const Var k = Var::from_tensor(random_tensor({b, h, t, d}, DType::F32, 71));
-  const Var v = Var::from_tensor(random_tensor({b, h, t, d}, DType::F32, 72));
-  const Tensor mask = F::padding_mask(Tensor::ones({b, t}, DType::U8), DType::F32);
+  const AttnInputs in(DType::F32);
+  const auto& [q, k, v, mask] = in;
+  constexpr size_t b = AttnInputs::b, h = AttnInputs::h, t = AttnInputs::t;
   const size_t scores = b * h * t * t * sizeof(float);
   const size_t base = memory_stats(cpu).in_use;
   const Tensor o = F::scaled_dot_product_attention(q, k, v, mask, false, 0.1, 5);
@@ -474,11 +481,9 @@ TEST(NnAttention, DropoutGraphKeepsTwoScoreSizedTensors) {
 // written out, and two score-sized tensors kept.
 TEST(NnAttention, WithoutAnAttentionKernelTheMatmulSoftmaxPathRuns) {
   const Device cpu = Device::cpu();
-  const size_t b = 2, h = 3, t = 64, d = 4;
-  const Var q = Var::from_tensor(random_tensor({b, h, t, d}, DType::BF16, 70));
-  const Var k = Var::from_tensor(random_tensor({b, h, t, d}, DType::BF16, 71));
-  const Var v = Var::from_tensor(random_tensor({b, h, t, d}, DType::BF16, 72));
-  const Tensor mask = F::padding_mask(Tensor::ones({b, t}, DType::U8), DType::BF16);
+  const AttnInputs in(DType::BF16);
+  const auto& [q, k, v, mask] = in;
+  constexpr size_t b = AttnInputs::b, h = AttnInputs::h, t = AttnInputs::t;
   const ComposedOnlyGuard only({OpId::attention});
   const size_t base = memory_stats(cpu).in_use;
   const Tensor o = F::scaled_dot_product_attention(q, k, v, mask);
