@@ -38,6 +38,17 @@ TEST(Views, TransposeNarrowBroadcastShareStorage) {
   EXPECT_EQ(x.unsqueeze(-1).squeeze(2).dims(), (std::vector<size_t>{3, 4}));
 }
 
+TEST(Views, BroadcastsToIsBroadcastAsRule) {
+  EXPECT_TRUE(broadcasts_to(Shape({2, 1, 1, 5}), Shape({2, 3, 4, 5})));
+  EXPECT_TRUE(broadcasts_to(Shape({4, 1}), Shape({2, 3, 4, 5})));
+  EXPECT_TRUE(broadcasts_to(Shape({}), Shape({2})));
+  EXPECT_TRUE(broadcasts_to(Shape({2, 0}), Shape({2, 0})));
+  EXPECT_FALSE(broadcasts_to(Shape({2, 3}), Shape({3})));         // more dims
+  EXPECT_FALSE(broadcasts_to(Shape({2, 2, 1, 5}), Shape({2, 3, 4, 5})));
+  EXPECT_FALSE(broadcasts_to(Shape({2, 4}), Shape({2, 1})));      // one-sided: to's 1 stays
+  EXPECT_THROW((void)Tensor::zeros({2, 4}, DType::F32).broadcast_as({2, 1}), Error);
+}
+
 TEST(Views, ReshapeIsAViewWhenStridesAllowElseACopy) {
   Tensor x = Tensor::arange(0, 24, 1, DType::F32).reshape({2, 3, 4});
   EXPECT_EQ(x.reshape({6, 4}).storage(), x.storage());

@@ -112,12 +112,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   Tensor m;
   if (present(mask)) {
     const Shape full({B, H, T, S});
-    bool fits = mask.rank() <= 4;
-    for (size_t i = 0; fits && i < mask.rank(); ++i) {
-      const size_t md = mask.dim(static_cast<int64_t>(i)), fd = full[4 - mask.rank() + i];
-      fits = md == fd || md == 1;
-    }
-    TAPER_CHECK(fits, op, ": mask ", mask.shape().to_string(),
+    TAPER_CHECK(broadcasts_to(mask.shape(), full), op, ": mask ", mask.shape().to_string(),
                 " does not broadcast to the scores (B, H, T, S) = ", full.to_string(),
                 " of q ", shapes());
     // A view (stride 0 along broadcast dims): its gradient, if it has one, is summed by

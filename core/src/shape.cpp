@@ -100,6 +100,14 @@ size_t normalize_dim(int64_t dim, size_t rank, const char* op) {
   return static_cast<size_t>(dim < 0 ? dim + r : dim);
 }
 
+bool broadcasts_to(const Shape& from, const Shape& to) {
+  if (from.rank() > to.rank()) return false;
+  const size_t lead = to.rank() - from.rank();
+  for (size_t i = 0; i < from.rank(); ++i)
+    if (from[i] != to[lead + i] && from[i] != 1) return false;
+  return true;
+}
+
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
   const size_t r = std::max(a.rank(), b.rank());
   std::vector<size_t> out(r);

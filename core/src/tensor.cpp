@@ -278,13 +278,11 @@ Tensor Tensor::narrow(int64_t dim, size_t start, size_t len) const {
 
 Tensor Tensor::broadcast_as(const Shape& target) const {
   const size_t r = target.rank();
-  TAPER_CHECK(r >= rank(), "broadcast_as: cannot broadcast ", shape().to_string(), " to ",
-              target.to_string());
+  TAPER_CHECK(broadcasts_to(shape(), target), "broadcast_as: cannot broadcast ",
+              shape().to_string(), " to ", target.to_string());
   std::vector<int64_t> st(r, 0);
   for (size_t i = 0; i < rank(); ++i) {
     const size_t j = r - rank() + i;
-    TAPER_CHECK(shape()[i] == target[j] || shape()[i] == 1, "broadcast_as: cannot broadcast ",
-                shape().to_string(), " to ", target.to_string());
     st[j] = shape()[i] == target[j] ? strides()[i] : 0;
   }
   if (target == shape()) return *this;

@@ -92,18 +92,10 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   // itself (or v with its own head size) takes the path below, and so does a device with no
   // attention kernel: matmuls in the input dtype and the fused softmax are faster there than the
   // op's composed form (f32 scores, softmax from primitives), which is its reference.
-  const auto mask_fits = [&] {
-    if (!mask.defined()) return true;
-    if (mask.rank() > 4) return false;
-    const size_t full[4] = {q.dim(0), q.dim(1), t, s};
-    for (size_t i = 0; i < mask.rank(); ++i) {
-      const size_t md = mask.dim(static_cast<int64_t>(i)), fd = full[4 - mask.rank() + i];
-      if (md != fd && md != 1) return false;
-    }
-    return true;
-  };
+  const bool mask_fits =
+      !mask.defined() || broadcasts_to(mask.shape(), Shape({q.dim(0), q.dim(1), t, s}));
   if (!(dropout_p > 0.0) && v.dim(3) == d && k.dim(0) == q.dim(0) && k.dim(1) == q.dim(1) &&
-      runs_kernel(OpId::attention, q.device(), q.dtype()) && mask_fits()) {
+      runs_kernel(OpId::attention, q.device(), q.dtype()) && mask_fits) {
     Tensor m = mask.defined() ? mask.to_dtype(q.dtype()) : Tensor();
     if (causal) {
       const Tensor c = causal_mask(t, s, q.dtype(), q.device());

@@ -65,5 +65,8 @@ size_t normalize_dim(int64_t dim, size_t rank, const char* op);
 
 /// NumPy broadcast of two shapes; throws `Error` naming `op` and both shapes on mismatch.
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
+/// Whether `from` broadcasts to `to` alone (Tensor::broadcast_as's rule): rank no larger, and
+/// each of its dims, aligned from the right, equal to `to`'s or 1.
+bool broadcasts_to(const Shape& from, const Shape& to);
 
 }  // namespace taper
