@@ -2192,24 +2192,132 @@ INSTANTIATE_TEST_SUITE_P(Cuda, CudaGradCheck, ::testing::Range<size_t>(0, grad_c
 
 class CudaAttention : public OnCuda<::testing::Test> {};
 
+// Head views (B, T, H * D) -> (B, H, T, D), as MultiHeadAttention makes them (strided).
+Tensor attention_heads(const Tensor& x, size_t t, size_t d) {
+  return x.reshape({2, t, 3, d}).permute({0, 2, 1, 3});
+}
+
+/// The attention kernel of `kind` called directly: {out, lse} (dispatch returns only out).
+std::vector<Tensor> attention_outputs(DeviceKind kind, const std::vector<Tensor>& in, double scale) {
+  OpAttrs a;
+  a.f0 = scale;
+  return op_def(OpId::attention).kernels[static_cast<int>(kind)].fn(in, a);
+}
+
+// The kernels against the CPU's: head sizes of the register path (32, 40: kD 32 and 64; f64
+// takes 40 on the plain kernels) and of the plain kernels (80), key counts within one staged tile
+// and over several, query rows over two blocks, a (B, 1, 1, S) mask, strided q, k, v.
+TEST_F(CudaAttention, ForwardMatchesTheCpu) {
+  for (DType dt : kFloatTypes)
+    for (size_t D : {size_t{32}, size_t{40}, size_t{80}})
+      for (size_t S : {size_t{1}, size_t{7}, size_t{300}}) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " D=" + std::to_string(D) +
+                     " S=" + std::to_string(S));
+        const size_t T = 70;
+        const Tensor q = attention_heads(random_tensor({2, T, 3 * D}, dt, 11), T, D);
+        const Tensor k = attention_heads(random_tensor({2, S, 3 * D}, dt, 12), S, D);
+        const Tensor v = attention_heads(random_tensor({2, S, 3 * D}, dt, 13), S, D);
+        const Tensor mask = random_tensor({2, 1, 1, S}, dt, 14);
+        const Tensor m = mask.broadcast_as({2, 3, T, S});
+        const auto cpu = attention_outputs(DeviceKind::Cpu, {q, k, v, m}, 0.15);
+        const auto gpu = attention_outputs(
+            DeviceKind::Cuda,
+            {q.to_device(kGpu), k.to_device(kGpu), v.to_device(kGpu), m.to_device(kGpu)}, 0.15);
+        const double tol = dt == DType::F64 ? 1e-12 : (dt == DType::F32 ? 1e-5 : 1e-2);
+        EXPECT_TRUE(all_close(values(gpu[0].to_device(kCpu)), values(cpu[0]), tol, tol)) << "out";
+        // lse is in the compute type: f32 or f64 whatever the storage.
+        const double lt = dt == DType::F64 ? 1e-12 : 1e-5;
+        EXPECT_TRUE(all_close(values(gpu[1].to_device(kCpu)), values(cpu[1]), lt, lt)) << "lse";
+      }
+}
+
 TEST_F(CudaAttention, BackwardOpMatchesTheCpu) {
-  for (DType dt : kFloatTypes) {
+  for (DType dt : kFloatTypes)
+    for (size_t D : {size_t{32}, size_t{40}, size_t{80}})
+      for (size_t S : {size_t{7}, size_t{130}}) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " D=" + std::to_string(D) +
+                     " S=" + std::to_string(S));
+        const size_t T = 70;
+        const Tensor q = attention_heads(random_tensor({2, T, 3 * D}, dt, 1), T, D);
+        const Tensor k = attention_heads(random_tensor({2, S, 3 * D}, dt, 2), S, D);
+        const Tensor v = attention_heads(random_tensor({2, S, 3 * D}, dt, 3), S, D);
+        const Tensor dout = random_tensor({2, 3, T, D}, dt, 4);
+        const Tensor mask = random_tensor({2, 1, 1, S}, dt, 5).broadcast_as({2, 3, T, S});
+        OpAttrs a;
+        a.f0 = 0.2;
+        const auto saved = attention_outputs(DeviceKind::Cpu, {q, k, v, mask}, a.f0);
+        const std::vector<Tensor> in = {q, k, v, mask, saved[0], saved[1], dout};
+        std::vector<Tensor> gin;
+        for (const Tensor& t : in) gin.push_back(t.to_device(kGpu));
+        const auto cpu = dispatch(OpId::attention_bwd, in, a);
+        const auto gpu = dispatch(OpId::attention_bwd, gin, a);
+        const double tol = dt == DType::F64 ? 1e-10 : (dt == DType::F32 ? 1e-4 : 2e-2);
+        for (size_t i = 0; i < 3; ++i)
+          EXPECT_TRUE(all_close(values(gpu[i].to_device(kCpu)), values(cpu[i]), tol, tol)) << i;
+      }
+}
+
+// Special rows as the CPU gives them: a row whose scores are all -inf is NaN (its lse NaN, its
+// gradients NaN), a -inf score before finite ones adds nothing, S = 0 gives 0 and lse -inf.
+TEST_F(CudaAttention, SpecialRowsMatchTheCpu) {
+  for (DType dt : kFloatTypes)
+    for (size_t D : {size_t{32}, size_t{80}}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " D=" + std::to_string(D));
+      const double inf = std::numeric_limits<double>::infinity();
+      const size_t T = 3, S = 5;
+      const Tensor q = random_tensor({1, 1, T, D}, dt, 21), k = random_tensor({1, 1, S, D}, dt, 22);
+      const Tensor v = random_tensor({1, 1, S, D}, dt, 23), dout = random_tensor({1, 1, T, D}, dt, 24);
+      // Row 0: every score -inf; row 1: the first two -inf; row 2: none.
+      std::vector<double> mv(T * S, 0.0);
+      for (size_t s = 0; s < S; ++s) mv[s] = -inf;
+      mv[S] = mv[S + 1] = -inf;
+      const Tensor mask = Tensor::from_vector(mv, {1, 1, T, S}).to_dtype(dt);
+      OpAttrs a;
+      a.f0 = 0.3;
+      const auto cpu = attention_outputs(DeviceKind::Cpu, {q, k, v, mask}, a.f0);
+      const auto gpu = attention_outputs(
+          DeviceKind::Cuda,
+          {q.to_device(kGpu), k.to_device(kGpu), v.to_device(kGpu), mask.to_device(kGpu)}, a.f0);
+      const double tol = dt == DType::F64 ? 1e-12 : (dt == DType::F32 ? 1e-5 : 1e-2);
+      EXPECT_TRUE(all_close(values(gpu[0].to_device(kCpu)), values(cpu[0]), tol, tol)) << "out";
+      const double lt = dt == DType::F64 ? 1e-12 : 1e-5;
+      EXPECT_TRUE(all_close(values(gpu[1].to_device(kCpu)), values(cpu[1]), lt, lt)) << "lse";
+      const std::vector<Tensor> in = {q, k, v, mask, cpu[0], cpu[1], dout};
+      std::vector<Tensor> gin;
+      for (const Tensor& t : in) gin.push_back(t.to_device(kGpu));
+      const auto cb = dispatch(OpId::attention_bwd, in, a);
+      const auto gb = dispatch(OpId::attention_bwd, gin, a);
+      for (size_t i = 0; i < 3; ++i)
+        EXPECT_TRUE(all_close(values(gb[i].to_device(kCpu)), values(cb[i]), 10 * tol, 10 * tol)) << i;
+      const Tensor k0 = Tensor::zeros({1, 1, 0, D}, dt, kGpu);
+      const auto empty = attention_outputs(DeviceKind::Cuda, {q.to_device(kGpu), k0, k0, Tensor()}, a.f0);
+      EXPECT_EQ(values(empty[0].to_device(kCpu)), std::vector<double>(T * D, 0.0));
+      EXPECT_EQ(values(empty[1].to_device(kCpu)), std::vector<double>(T, -inf));
+    }
+}
+
+// Through autograd: the model's attention (ops::attention with a padding mask) on the GPU gives
+// the CPU's output and gradients.
+TEST_F(CudaAttention, AutogradMatchesTheCpu) {
+  for (DType dt : {DType::F32, DType::BF16}) {
     SCOPED_TRACE(dtype_name(dt));
-    const Tensor q = random_tensor({2, 3, 33, 32}, dt, 1), k = random_tensor({2, 3, 7, 32}, dt, 2);
-    const Tensor v = random_tensor({2, 3, 7, 32}, dt, 3), dout = random_tensor({2, 3, 33, 32}, dt, 4);
-    const Tensor mask = random_tensor({2, 1, 1, 7}, dt, 5).broadcast_as({2, 3, 33, 7});
-    OpAttrs a;
-    a.f0 = 0.2;
-    const auto fwd = op_def(OpId::attention).kernels[static_cast<int>(DeviceKind::Cpu)].fn(
-        {q, k, v, mask}, a);
-    const std::vector<Tensor> in = {q, k, v, mask, fwd[0], fwd[1], dout};
-    std::vector<Tensor> gin;
-    for (const Tensor& t : in) gin.push_back(t.to_device(kGpu));
-    const auto cpu = dispatch(OpId::attention_bwd, in, a);
-    const auto gpu = dispatch(OpId::attention_bwd, gin, a);
-    const double tol = dt == DType::F64 ? 1e-10 : (dt == DType::F32 ? 1e-4 : 2e-2);
-    for (size_t i = 0; i < 3; ++i)
-      EXPECT_TRUE(all_close(values(gpu[i].to_device(kCpu)), values(cpu[i]), tol, tol)) << i;
+    const size_t T = 40, D = 32;
+    const Tensor xq = random_tensor({2, T, 3 * D}, dt, 31), xk = random_tensor({2, T, 3 * D}, dt, 32);
+    const Tensor xv = random_tensor({2, T, 3 * D}, dt, 33);
+    const Tensor mask = random_tensor({2, 1, 1, T}, dt, 34);
+    auto run = [&](Device dev) {
+      const Var q = Var::from_tensor(xq.to_device(dev)), k = Var::from_tensor(xk.to_device(dev));
+      const Var v = Var::from_tensor(xv.to_device(dev));
+      const Tensor o = ops::attention(attention_heads(q, T, D), attention_heads(k, T, D),
+                                      attention_heads(v, T, D), mask.to_device(dev), 0.25);
+      GradStore g = o.sqr().sum_all().backward();
+      std::vector<std::vector<double>> r = {values(o.to_device(kCpu))};
+      for (const Var* x : {&q, &k, &v}) r.push_back(values(g.get(*x)->to_device(kCpu)));
+      return r;
+    };
+    const auto c = run(kCpu), g = run(kGpu);
+    const double tol = dt == DType::F32 ? 1e-4 : 3e-2;
+    for (size_t i = 0; i < c.size(); ++i) EXPECT_TRUE(all_close(g[i], c[i], tol, tol)) << i;
   }
 }
 

@@ -1,0 +1,598 @@
+// attention.cu: CUDA kernels of the fused attention op and its backward op (attention,
+// attention_bwd), for bf16, f16, f32 and f64, with the contract of cpu/attention.cpp (which
+// states it in full).
+//
+// What it is: a first, plain version. Forward: one block per query row (B H T blocks); its
+// threads take the keys s = tid, tid + kBlock, ... in chunks of kChunk, recompute the scores
+// (a dot of D per key), reduce the row max with a fixed tree, then per chunk write
+// e_s = exp(score_s - max) to shared memory and accumulate out[d] = sum_s e_s v[s, d] (thread
+// per d, kDGroup dims per pass over the keys) in key order. Backward: one block per query row
+// for dq (and D_t = sum dout * out, kept in a (B, H, T) scratch), then one block per key row
+// for dk and dv (sums over the query rows in row order). No (B, H, T, S) tensor, no atomics:
+// the same bits every run.
+// What it is not: fast (no tiling, no tensor cores; the dots read k and v rows per thread) or
+// tested on a GPU: this file was written and compiled (nvcc, sm_90) in a session with no GPU;
+// tests/test_cuda.cpp's attention cases check it against the CPU where a GPU is present.
+//
+// Shapes: q (B, H, T, D), k, v (B, H, S, D), any strides; mask broadcast to (B, H, T, S) by
+// strides (0 along broadcast dims) or absent; out (B, H, T, D), lse (B, H, T) in the compute
+// type C (f32 for bf16/f16/f32, f64 for f64), dq, dk, dv contiguous.
+// Precision: C throughout, each output rounded once at the store (round_to). Special values as
+// the CPU: an all -inf row gives NaN (exp(-inf - -inf)), S = 0 gives out 0 and lse -inf.
+#include <cmath>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "cuda/cuda_common.cuh"
+
+namespace taper::cuda {
+namespace {
+
+constexpr int kBlock = 128;    ///< threads per block (a power of two: the reduction tree)
+constexpr int kChunk = 256;    ///< keys (forward, dq) or queries (dk, dv) per shared chunk
+constexpr int kDGroup = 4;     ///< output dims per thread per pass: kBlock * kDGroup per pass
+
+struct Strides4 {
+  int64_t s[4];
+};
+
+template <class T> struct AttnArgs {
+  const T* q;
+  const T* k;
+  const T* v;
+  const T* mask;  ///< null: none
+  const T* o;     ///< backward: the forward output
+  const T* dout;  ///< backward
+  Strides4 qs, ks, vs, ms, os, dos;
+  int64_t nb, nh, nt, ns, nd;  ///< B, H, T, S, D
+  double scale;
+};
+
+template <class T>
+__device__ __forceinline__ const T* at(const T* p, const Strides4& st, int64_t b, int64_t h,
+                                       int64_t r) {
+  return p + b * st.s[0] + h * st.s[1] + r * st.s[2];
+}
+
+/// scale * (q_t . k_s) + mask[t, s] in C.
+template <class T, class C>
+__device__ __forceinline__ C score(const AttnArgs<T>& a, int64_t b, int64_t h, int64_t t,
+                                   int64_t s) {
+  const T* q = at(a.q, a.qs, b, h, t);
+  const T* k = at(a.k, a.ks, b, h, s);
+  C dot = 0;
+  for (int64_t d = 0; d < a.nd; ++d) dot += widen(q[d * a.qs.s[3]]) * widen(k[d * a.ks.s[3]]);
+  C x = static_cast<C>(a.scale) * dot;
+  if (a.mask) x += widen(at(a.mask, a.ms, b, h, t)[s * a.ms.s[3]]);
+  return x;
+}
+
+/// Block-wide reduction of one value per thread by a fixed tree (max or sum).
+template <class C, bool kMax> __device__ C block_reduce(C v, C* red) {
+  red[threadIdx.x] = v;
+  __syncthreads();
+  for (int w = kBlock / 2; w > 0; w /= 2) {
+    if (static_cast<int>(threadIdx.x) < w) {
+      const C o = red[threadIdx.x + w];
+      const C m = red[threadIdx.x];
+      red[threadIdx.x] = kMax ? (o > m ? o : m) : m + o;
+    }
+    __syncthreads();
+  }
+  const C r = red[0];
+  __syncthreads();
+  return r;
+}
+
+template <class T> __global__ void __launch_bounds__(kBlock) attn_fwd_kernel(AttnArgs<T> a,
+                                                                              T* out,
+                                                                              compute_t<T>* lse) {
+  using C = compute_t<T>;
+  __shared__ C e[kChunk];
+  __shared__ C red[kBlock];
+  const int64_t row = blockIdx.x;  // (b, h, t)
+  const int64_t t = row % a.nt, bh = row / a.nt, b = bh / a.nh, h = bh % a.nh;
+  T* orow = out + row * a.nd;
+  if (a.ns == 0) {
+    for (int64_t d = threadIdx.x; d < a.nd; d += kBlock) orow[d] = round_to<T>(C(0));
+    if (threadIdx.x == 0) lse[row] = -std::numeric_limits<C>::infinity();
+    return;
+  }
+  C m = -std::numeric_limits<C>::infinity();
+  for (int64_t s = threadIdx.x; s < a.ns; s += kBlock) {
+    const C x = score<T, C>(a, b, h, t, s);
+    m = x > m ? x : m;  // a NaN score is found by the sum
+  }
+  m = block_reduce<C, true>(m, red);
+  C sum_part = 0;
+  for (int64_t d0 = 0; d0 < a.nd || d0 == 0; d0 += kBlock * kDGroup) {
+    C acc[kDGroup];
+#pragma unroll
+    for (int j = 0; j < kDGroup; ++j) acc[j] = 0;
+    for (int64_t c0 = 0; c0 < a.ns; c0 += kChunk) {
+      const int64_t n = a.ns - c0 < kChunk ? a.ns - c0 : kChunk;
+      for (int64_t i = threadIdx.x; i < n; i += kBlock) {
+        const C x = exp(score<T, C>(a, b, h, t, c0 + i) - m);
+        e[i] = x;
+        if (d0 == 0) sum_part += x;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int j = 0; j < kDGroup; ++j) {
+        const int64_t d = d0 + threadIdx.x + j * kBlock;
+        if (d < a.nd)
+          for (int64_t i = 0; i < n; ++i)
+            acc[j] += e[i] * widen(at(a.v, a.vs, b, h, c0 + i)[d * a.vs.s[3]]);
+      }
+      __syncthreads();
+    }
+    if (d0 == 0) sum_part = block_reduce<C, false>(sum_part, red);  // every thread: the row sum
+#pragma unroll
+    for (int j = 0; j < kDGroup; ++j) {
+      const int64_t d = d0 + threadIdx.x + j * kBlock;
+      if (d < a.nd) orow[d] = round_to<T>(acc[j] / sum_part);
+    }
+    if (d0 == 0 && threadIdx.x == 0) lse[row] = m + log(sum_part);
+    if (a.nd == 0) break;
+  }
+}
+
+/// dq rows: dS_s = P_s (dout . v_s - D_t), dq = scale sum_s dS_s k_s; writes D_t to rowdot.
+template <class T>
+__global__ void __launch_bounds__(kBlock) attn_bwd_dq_kernel(AttnArgs<T> a,
+                                                             const compute_t<T>* lse, T* dq,
+                                                             compute_t<T>* rowdot) {
+  using C = compute_t<T>;
+  __shared__ C ds[kChunk];
+  __shared__ C red[kBlock];
+  const int64_t row = blockIdx.x;
+  const int64_t t = row % a.nt, bh = row / a.nt, b = bh / a.nh, h = bh % a.nh;
+  const T* go = at(a.dout, a.dos, b, h, t);
+  const T* o = at(a.o, a.os, b, h, t);
+  C part = 0;
+  for (int64_t d = threadIdx.x; d < a.nd; d += kBlock)
+    part += widen(go[d * a.dos.s[3]]) * widen(o[d * a.os.s[3]]);
+  const C D_t = block_reduce<C, false>(part, red);
+  if (threadIdx.x == 0) rowdot[row] = D_t;
+  const C l = lse[row];
+  T* dqrow = dq + row * a.nd;
+  for (int64_t d0 = 0; d0 < a.nd; d0 += kBlock * kDGroup) {
+    C acc[kDGroup];
+#pragma unroll
+    for (int j = 0; j < kDGroup; ++j) acc[j] = 0;
+    for (int64_t c0 = 0; c0 < a.ns; c0 += kChunk) {
+      const int64_t n = a.ns - c0 < kChunk ? a.ns - c0 : kChunk;
+      for (int64_t i = threadIdx.x; i < n; i += kBlock) {
+        const int64_t s = c0 + i;
+        const C p = exp(score<T, C>(a, b, h, t, s) - l);
+        const T* v = at(a.v, a.vs, b, h, s);
+        C dp = 0;
+        for (int64_t d = 0; d < a.nd; ++d) dp += widen(go[d * a.dos.s[3]]) * widen(v[d * a.vs.s[3]]);
+        ds[i] = p * (dp - D_t);
+      }
+      __syncthreads();
+#pragma unroll
+      for (int j = 0; j < kDGroup; ++j) {
+        const int64_t d = d0 + threadIdx.x + j * kBlock;
+        if (d < a.nd)
+          for (int64_t i = 0; i < n; ++i)
+            acc[j] += ds[i] * widen(at(a.k, a.ks, b, h, c0 + i)[d * a.ks.s[3]]);
+      }
+      __syncthreads();
+    }
+#pragma unroll
+    for (int j = 0; j < kDGroup; ++j) {
+      const int64_t d = d0 + threadIdx.x + j * kBlock;
+      if (d < a.nd) dqrow[d] = round_to<T>(static_cast<C>(a.scale) * acc[j]);
+    }
+  }
+}
+
+/// dk, dv rows: dk_s = scale sum_t dS_ts q_t, dv_s = sum_t P_ts dout_t, in t order.
+template <class T>
+__global__ void __launch_bounds__(kBlock) attn_bwd_dkv_kernel(AttnArgs<T> a,
+                                                              const compute_t<T>* lse,
+                                                              const compute_t<T>* rowdot, T* dk,
+                                                              T* dv) {
+  using C = compute_t<T>;
+  __shared__ C pc[kChunk];
+  __shared__ C dsc[kChunk];
+  const int64_t row = blockIdx.x;  // (b, h, s)
+  const int64_t s = row % a.ns, bh = row / a.ns, b = bh / a.nh, h = bh % a.nh;
+  const T* v = at(a.v, a.vs, b, h, s);
+  for (int64_t d0 = 0; d0 < a.nd; d0 += kBlock * kDGroup) {
+    C ak[kDGroup], av[kDGroup];
+#pragma unroll
+    for (int j = 0; j < kDGroup; ++j) ak[j] = av[j] = 0;
+    for (int64_t c0 = 0; c0 < a.nt; c0 += kChunk) {
+      const int64_t n = a.nt - c0 < kChunk ? a.nt - c0 : kChunk;
+      for (int64_t i = threadIdx.x; i < n; i += kBlock) {
+        const int64_t t = c0 + i, r = bh * a.nt + t;
+        const C p = exp(score<T, C>(a, b, h, t, s) - lse[r]);
+        const T* go = at(a.dout, a.dos, b, h, t);
+        C dp = 0;
+        for (int64_t d = 0; d < a.nd; ++d) dp += widen(go[d * a.dos.s[3]]) * widen(v[d * a.vs.s[3]]);
+        pc[i] = p;
+        dsc[i] = p * (dp - rowdot[r]);
+      }
+      __syncthreads();
+#pragma unroll
+      for (int j = 0; j < kDGroup; ++j) {
+        const int64_t d = d0 + threadIdx.x + j * kBlock;
+        if (d < a.nd)
+          for (int64_t i = 0; i < n; ++i) {
+            ak[j] += dsc[i] * widen(at(a.q, a.qs, b, h, c0 + i)[d * a.qs.s[3]]);
+            av[j] += pc[i] * widen(at(a.dout, a.dos, b, h, c0 + i)[d * a.dos.s[3]]);
+          }
+      }
+      __syncthreads();
+    }
+#pragma unroll
+    for (int j = 0; j < kDGroup; ++j) {
+      const int64_t d = d0 + threadIdx.x + j * kBlock;
+      if (d < a.nd) {
+        dk[row * a.nd + d] = round_to<T>(static_cast<C>(a.scale) * ak[j]);
+        dv[row * a.nd + d] = round_to<T>(av[j]);
+      }
+    }
+  }
+}
+
+// ---- the register path: D <= 64 (kD = 32 or 64; f64 kD = 32) ----------------------------------
+// One thread per query row (forward, dq) or key row (dk, dv), its own row and its sums in
+// registers (kD values each, zero past D); the rows of the other side staged in shared memory by
+// tiles of kTile rows, which every thread of the block reads in the same order (broadcast
+// reads). The forward keeps a running max m and sum l (online softmax): a new maximum rescales
+// what is summed so far, so the scores are computed once.
+
+constexpr int kRows = 64;  ///< rows per block, one per thread
+
+/// Rows per staged tile: two tiles of 8 KB each.
+template <class C, int kD> constexpr int tile_rows() {
+  return static_cast<int>(8192 / (kD * sizeof(C)));
+}
+
+/// sh[j][d] = x(b, h, r0 + j, d) in C for j < n and d < nd, else 0.
+template <class T, class C, int kD, int kTile>
+__device__ __forceinline__ void stage(C (*sh)[kD], const T* x, const Strides4& st, int64_t b,
+                                      int64_t h, int64_t r0, int64_t n, int64_t nd) {
+  for (int e = threadIdx.x; e < kTile * kD; e += blockDim.x) {
+    const int j = e / kD, d = e % kD;
+    sh[j][d] = j < n && d < nd ? widen(at(x, st, b, h, r0 + j)[d * st.s[3]]) : C(0);
+  }
+}
+
+/// r[0, kD) = x(b, h, row, d) in C, 0 past nd.
+template <class T, class C, int kD>
+__device__ __forceinline__ void load_row(C* r, const T* x, const Strides4& st, int64_t b,
+                                         int64_t h, int64_t row, int64_t nd) {
+  const T* p = at(x, st, b, h, row);
+#pragma unroll
+  for (int d = 0; d < kD; ++d) r[d] = d < nd ? widen(p[d * st.s[3]]) : C(0);
+}
+
+/// a * b + c rounded once (an FMA, also under --fmad=false), as the CPU kernels' MulAdd.
+template <class C> __device__ __forceinline__ C fmac(C a, C b, C c) {
+  if constexpr (std::is_same_v<C, float>) return __fmaf_rn(a, b, c);
+  else return __fma_rn(a, b, c);
+}
+
+template <class C, int kD> __device__ __forceinline__ C dot_row(const C* r, const C* sh) {
+  C acc = 0;
+#pragma unroll
+  for (int d = 0; d < kD; ++d) acc = fmac(r[d], sh[d], acc);
+  return acc;
+}
+
+/// Grid (B H, ceil(T / kRows)). out (B, H, T, D) and lse (B, H, T) contiguous.
+template <class T, int kD>
+__global__ void __launch_bounds__(kRows) attn_fwd_reg_kernel(AttnArgs<T> a, T* out,
+                                                             compute_t<T>* lse) {
+  using C = compute_t<T>;
+  constexpr int kTile = tile_rows<C, kD>();
+  constexpr C kNegInf = -std::numeric_limits<C>::infinity();
+  __shared__ __align__(16) C ks[kTile][kD];
+  __shared__ __align__(16) C vs[kTile][kD];
+  const int64_t bh = blockIdx.x, b = bh / a.nh, h = bh % a.nh;
+  const int64_t t = static_cast<int64_t>(blockIdx.y) * kRows + threadIdx.x;
+  const bool live = t < a.nt;
+  C q[kD], o[kD];
+  load_row<T, C, kD>(q, a.q, a.qs, b, h, live ? t : 0, a.nd);
+#pragma unroll
+  for (int d = 0; d < kD; ++d) o[d] = 0;
+  const T* mrow = a.mask ? at(a.mask, a.ms, b, h, live ? t : 0) : nullptr;
+  const C scale = static_cast<C>(a.scale);
+  C m = kNegInf, l = 0;
+  for (int64_t s0 = 0; s0 < a.ns; s0 += kTile) {
+    const int n = static_cast<int>(a.ns - s0 < kTile ? a.ns - s0 : kTile);
+    __syncthreads();  // every thread is done with the previous tile
+    stage<T, C, kD, kTile>(ks, a.k, a.ks, b, h, s0, n, a.nd);
+    stage<T, C, kD, kTile>(vs, a.v, a.vs, b, h, s0, n, a.nd);
+    __syncthreads();
+    if (!live) continue;
+    for (int j = 0; j < n; ++j) {
+      C x = scale * dot_row<C, kD>(q, ks[j]);
+      if (mrow) x += widen(mrow[(s0 + j) * a.ms.s[3]]);
+      if (x > m) {  // a new maximum: rescale the sums (by 0 while m is -inf)
+        const C c = exp(m - x);
+        l *= c;
+#pragma unroll
+        for (int d = 0; d < kD; ++d) o[d] *= c;
+        m = x;
+      }
+      // A -inf score adds nothing (exp(-inf - max) = 0, also before any finite score); NaN
+      // and +inf scores make the sum NaN, as softmax's exp(x - max) does.
+      const C p = x == kNegInf ? C(0) : exp(x - m);
+      l += p;
+#pragma unroll
+      for (int d = 0; d < kD; ++d) o[d] = fmac(p, vs[j][d], o[d]);
+    }
+  }
+  if (!live) return;
+  const int64_t row = bh * a.nt + t;
+  T* orow = out + row * a.nd;
+  if (a.ns == 0) {  // no keys: an empty sum
+#pragma unroll
+    for (int d = 0; d < kD; ++d)
+      if (d < a.nd) orow[d] = round_to<T>(C(0));
+    lse[row] = kNegInf;
+    return;
+  }
+  if (m == kNegInf) l = std::numeric_limits<C>::quiet_NaN();  // all -inf: NaN, as softmax
+#pragma unroll
+  for (int d = 0; d < kD; ++d)
+    if (d < a.nd) orow[d] = round_to<T>(o[d] / l);
+  lse[row] = m + log(l);
+}
+
+/// dq rows and rowdot (D_t = dout_t . out_t); grid (B H, ceil(T / kRows)).
+template <class T, int kD>
+__global__ void __launch_bounds__(kRows) attn_bwd_dq_reg_kernel(AttnArgs<T> a,
+                                                                const compute_t<T>* lse, T* dq,
+                                                                compute_t<T>* rowdot) {
+  using C = compute_t<T>;
+  constexpr int kTile = tile_rows<C, kD>();
+  __shared__ __align__(16) C ks[kTile][kD];
+  __shared__ __align__(16) C vs[kTile][kD];
+  const int64_t bh = blockIdx.x, b = bh / a.nh, h = bh % a.nh;
+  const int64_t t = static_cast<int64_t>(blockIdx.y) * kRows + threadIdx.x;
+  const bool live = t < a.nt;
+  const int64_t tt = live ? t : 0, row = bh * a.nt + tt;
+  C q[kD], g[kD], acc[kD];
+  load_row<T, C, kD>(q, a.q, a.qs, b, h, tt, a.nd);
+  load_row<T, C, kD>(g, a.dout, a.dos, b, h, tt, a.nd);
+  load_row<T, C, kD>(acc, a.o, a.os, b, h, tt, a.nd);
+  const C D_t = dot_row<C, kD>(g, acc);
+#pragma unroll
+  for (int d = 0; d < kD; ++d) acc[d] = 0;
+  const C l = lse[row];
+  const T* mrow = a.mask ? at(a.mask, a.ms, b, h, tt) : nullptr;
+  const C scale = static_cast<C>(a.scale);
+  for (int64_t s0 = 0; s0 < a.ns; s0 += kTile) {
+    const int n = static_cast<int>(a.ns - s0 < kTile ? a.ns - s0 : kTile);
+    __syncthreads();
+    stage<T, C, kD, kTile>(ks, a.k, a.ks, b, h, s0, n, a.nd);
+    stage<T, C, kD, kTile>(vs, a.v, a.vs, b, h, s0, n, a.nd);
+    __syncthreads();
+    if (!live) continue;
+    for (int j = 0; j < n; ++j) {
+      C x = scale * dot_row<C, kD>(q, ks[j]);
+      if (mrow) x += widen(mrow[(s0 + j) * a.ms.s[3]]);
+      const C p = exp(x - l);  // a NaN lse (a NaN forward row): NaN, as the CPU
+      const C ds = p * (dot_row<C, kD>(g, vs[j]) - D_t);
+#pragma unroll
+      for (int d = 0; d < kD; ++d) acc[d] = fmac(ds, ks[j][d], acc[d]);
+    }
+  }
+  if (!live) return;
+  rowdot[row] = D_t;
+  T* r = dq + row * a.nd;
+#pragma unroll
+  for (int d = 0; d < kD; ++d)
+    if (d < a.nd) r[d] = round_to<T>(scale * acc[d]);
+}
+
+/// dk, dv rows (sums over the query rows in row order); grid (B H, ceil(S / kRows)).
+template <class T, int kD>
+__global__ void __launch_bounds__(kRows) attn_bwd_dkv_reg_kernel(AttnArgs<T> a,
+                                                                 const compute_t<T>* lse,
+                                                                 const compute_t<T>* rowdot, T* dk,
+                                                                 T* dv) {
+  using C = compute_t<T>;
+  constexpr int kTile = tile_rows<C, kD>();
+  __shared__ __align__(16) C qs[kTile][kD];
+  __shared__ __align__(16) C gs[kTile][kD];
+  __shared__ C ls[kTile];
+  __shared__ C dts[kTile];
+  const int64_t bh = blockIdx.x, b = bh / a.nh, h = bh % a.nh;
+  const int64_t s = static_cast<int64_t>(blockIdx.y) * kRows + threadIdx.x;
+  const bool live = s < a.ns;
+  const int64_t ss = live ? s : 0;
+  C k[kD], v[kD], ak[kD], av[kD];
+  load_row<T, C, kD>(k, a.k, a.ks, b, h, ss, a.nd);
+  load_row<T, C, kD>(v, a.v, a.vs, b, h, ss, a.nd);
+#pragma unroll
+  for (int d = 0; d < kD; ++d) ak[d] = av[d] = 0;
+  const C scale = static_cast<C>(a.scale);
+  for (int64_t t0 = 0; t0 < a.nt; t0 += kTile) {
+    const int n = static_cast<int>(a.nt - t0 < kTile ? a.nt - t0 : kTile);
+    __syncthreads();
+    stage<T, C, kD, kTile>(qs, a.q, a.qs, b, h, t0, n, a.nd);
+    stage<T, C, kD, kTile>(gs, a.dout, a.dos, b, h, t0, n, a.nd);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      ls[i] = lse[bh * a.nt + t0 + i];
+      dts[i] = rowdot[bh * a.nt + t0 + i];
+    }
+    __syncthreads();
+    if (!live) continue;
+    for (int i = 0; i < n; ++i) {
+      C x = scale * dot_row<C, kD>(k, qs[i]);
+      if (a.mask) x += widen(at(a.mask, a.ms, b, h, t0 + i)[ss * a.ms.s[3]]);
+      const C p = exp(x - ls[i]);
+      const C ds = p * (dot_row<C, kD>(v, gs[i]) - dts[i]);
+#pragma unroll
+      for (int d = 0; d < kD; ++d) {
+        ak[d] = fmac(ds, qs[i][d], ak[d]);
+        av[d] = fmac(p, gs[i][d], av[d]);
+      }
+    }
+  }
+  if (!live) return;
+  const int64_t row = bh * a.ns + s;
+#pragma unroll
+  for (int d = 0; d < kD; ++d)
+    if (d < a.nd) {
+      dk[row * a.nd + d] = round_to<T>(scale * ak[d]);
+      dv[row * a.nd + d] = round_to<T>(av[d]);
+    }
+}
+
+/// The register path's kD for head size nd (0: none, the plain kernels): 32 or 64; f64 32 only
+/// (its four rows of 64 doubles would not stay in registers).
+template <class T> int reg_head(int64_t nd) {
+  if (nd <= 32) return 32;
+  if (nd <= 64 && !std::is_same_v<T, double>) return 64;
+  return 0;
+}
+
+dim3 reg_grid(int64_t bh, int64_t rows) {
+  return dim3(static_cast<unsigned>(bh), static_cast<unsigned>((rows + kRows - 1) / kRows));
+}
+
+Strides4 strides4(const Tensor& t) {
+  Strides4 r{};
+  for (size_t i = 0; i < 4; ++i) r.s[i] = t.strides()[i];
+  return r;
+}
+/// The mask's strides over (B, H, T, S): its own, 0 along broadcast (size-1 or missing) dims.
+Strides4 mask_strides(const Tensor& m) {
+  Strides4 r{};
+  const size_t lead = 4 - m.rank();
+  for (size_t i = 0; i < 4; ++i)
+    r.s[i] = i < lead || m.dim(static_cast<int64_t>(i - lead)) == 1 ? 0 : m.strides()[i - lead];
+  return r;
+}
+
+template <class T> AttnArgs<T> make_args(const std::vector<Tensor>& in, const OpAttrs& attrs) {
+  const Tensor &q = in[0], &k = in[1], &v = in[2];
+  AttnArgs<T> a{};
+  a.q = ptr<const T>(q);
+  a.k = ptr<const T>(k);
+  a.v = ptr<const T>(v);
+  a.qs = strides4(q);
+  a.ks = strides4(k);
+  a.vs = strides4(v);
+  if (present(in, 3)) {
+    a.mask = ptr<const T>(in[3]);
+    a.ms = mask_strides(in[3]);
+  }
+  a.nb = static_cast<int64_t>(q.dim(0));
+  a.nh = static_cast<int64_t>(q.dim(1));
+  a.nt = static_cast<int64_t>(q.dim(2));
+  a.nd = static_cast<int64_t>(q.dim(3));
+  a.ns = static_cast<int64_t>(k.dim(2));
+  a.scale = attrs.f0;
+  return a;
+}
+
+/// in = {q, k, v, mask or undefined}. Returns {out, lse}.
+std::vector<Tensor> attention_kernel(const std::vector<Tensor>& in, const OpAttrs& attrs) {
+  const Tensor& q = in[0];
+  TAPER_ASSERT(q.rank() == 4 && in[1].rank() == 4 && in[1].shape() == in[2].shape());
+  Tensor out = new_output(q.shape(), q.dtype(), q);
+  Tensor lse = new_output(Shape({q.dim(0), q.dim(1), q.dim(2)}), stat_dtype(q.dtype()), q);
+  const size_t rows = q.dim(0) * q.dim(1) * q.dim(2);
+  if (rows == 0) return {out, lse};
+  const cudaStream_t st = stream_of(q);
+  visit_dtype(q.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (!std::is_integral_v<T>) {
+      const AttnArgs<T> a = make_args<T>(in, attrs);
+      const dim3 grid = reg_grid(a.nb * a.nh, a.nt);
+      switch (reg_head<T>(a.nd)) {
+        case 32:
+          attn_fwd_reg_kernel<T, 32><<<grid, kRows, 0, st>>>(a, ptr<T>(out), ptr<compute_t<T>>(lse));
+          break;
+        case 64:
+          if constexpr (!std::is_same_v<T, double>)
+            attn_fwd_reg_kernel<T, 64><<<grid, kRows, 0, st>>>(a, ptr<T>(out), ptr<compute_t<T>>(lse));
+          break;
+        default:
+          attn_fwd_kernel<T><<<static_cast<unsigned>(rows), kBlock, 0, st>>>(
+              a, ptr<T>(out), ptr<compute_t<T>>(lse));
+      }
+      TAPER_CUDA_CHECK_LAUNCH("attention", in);
+    }
+  });
+  return {out, lse};
+}
+
+/// in = {q, k, v, mask or undefined, out, lse, dout}. Returns {dq, dk, dv}.
+std::vector<Tensor> attention_bwd_kernel(const std::vector<Tensor>& in, const OpAttrs& attrs) {
+  const Tensor &q = in[0], &k = in[1], &v = in[2];
+  TAPER_ASSERT(in[4].shape() == q.shape() && in[6].shape() == q.shape());
+  TAPER_ASSERT(in[5].dtype() == stat_dtype(q.dtype()) && in[5].is_contiguous());
+  Tensor dq = new_output(q.shape(), q.dtype(), q);
+  Tensor dk = new_output(k.shape(), k.dtype(), k);
+  Tensor dv = new_output(v.shape(), v.dtype(), v);
+  const size_t qrows = q.dim(0) * q.dim(1) * q.dim(2);
+  const size_t krows = k.dim(0) * k.dim(1) * k.dim(2);
+  if (q.dim(2) == 0) {  // no query rows: dk and dv are empty sums
+    return {dq, Tensor::zeros(k.shape(), k.dtype(), k.device()),
+            Tensor::zeros(v.shape(), v.dtype(), v.device())};
+  }
+  if (qrows == 0) return {dq, dk, dv};
+  Tensor rowdot = new_output(Shape({q.dim(0), q.dim(1), q.dim(2)}), stat_dtype(q.dtype()), q);
+  const cudaStream_t st = stream_of(q);
+  visit_dtype(q.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (!std::is_integral_v<T>) {
+      using C = compute_t<T>;
+      AttnArgs<T> a = make_args<T>(in, attrs);
+      a.o = ptr<const T>(in[4]);
+      a.os = strides4(in[4]);
+      a.dout = ptr<const T>(in[6]);
+      a.dos = strides4(in[6]);
+      const C* l = ptr<const C>(in[5]);
+      const int head = reg_head<T>(a.nd);
+      const dim3 qgrid = reg_grid(a.nb * a.nh, a.nt), kgrid = reg_grid(a.nb * a.nh, a.ns);
+      if (head == 32) {
+        attn_bwd_dq_reg_kernel<T, 32><<<qgrid, kRows, 0, st>>>(a, l, ptr<T>(dq), ptr<C>(rowdot));
+      } else if constexpr (!std::is_same_v<T, double>) {
+        if (head == 64)
+          attn_bwd_dq_reg_kernel<T, 64><<<qgrid, kRows, 0, st>>>(a, l, ptr<T>(dq), ptr<C>(rowdot));
+      }
+      if (head == 0)
+        attn_bwd_dq_kernel<T><<<static_cast<unsigned>(qrows), kBlock, 0, st>>>(
+            a, l, ptr<T>(dq), ptr<C>(rowdot));
+      TAPER_CUDA_CHECK_LAUNCH("attention_bwd", in);
+      if (krows > 0) {
+        if (head == 32) {
+          attn_bwd_dkv_reg_kernel<T, 32><<<kgrid, kRows, 0, st>>>(a, l, ptr<const C>(rowdot),
+                                                                   ptr<T>(dk), ptr<T>(dv));
+        } else if constexpr (!std::is_same_v<T, double>) {
+          if (head == 64)
+            attn_bwd_dkv_reg_kernel<T, 64><<<kgrid, kRows, 0, st>>>(a, l, ptr<const C>(rowdot),
+                                                                     ptr<T>(dk), ptr<T>(dv));
+        }
+        if (head == 0)
+          attn_bwd_dkv_kernel<T><<<static_cast<unsigned>(krows), kBlock, 0, st>>>(
+              a, l, ptr<const C>(rowdot), ptr<T>(dk), ptr<T>(dv));
+        TAPER_CUDA_CHECK_LAUNCH("attention_bwd", in);
+      }
+    }
+  });
+  return {dq, dk, dv};
+}
+
+struct AttentionRegistrar {
+  AttentionRegistrar() {
+    register_kernel(OpId::attention, DeviceKind::Cuda, kFloatDTypes, &attention_kernel);
+    register_kernel(OpId::attention_bwd, DeviceKind::Cuda, kFloatDTypes, &attention_bwd_kernel);
+  }
+};
+const AttentionRegistrar g_attention_registrar;
+
+}  // namespace
+}  // namespace taper::cuda
