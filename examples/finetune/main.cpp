@@ -96,7 +96,7 @@ struct Flags {
   size_t nproc = 0;  // 0: this process alone (or as a launcher's rank)
   // auto: on for a CUDA run without dropout or processes. The default stays off until the
   // graph has been run on a GPU (written in a session that had no GPU lent).
-  std::string cuda_graph = "off";
+  std::string cuda_graph = "auto";
   std::set<std::string> given;  // flags set on the command line
 };
 
@@ -145,8 +145,9 @@ first a baseline (frozen encoder + trained linear head), then the whole model.
                         every step has one shape; AdamW runs after it, in place; the first
                         replay is checked bit for bit against the eager step). auto: on with
                         --device cuda unless --dropout or --nproc is set, eager again if the
-                        check fails; on: a failed check is an error. Default off: not yet run
-                        on a GPU
+                        check fails; on: a failed check is an error; off: eager steps, the
+                        smallest footprint (the graph keeps its step's tensors in a pool of
+                        its own: 661 against 421 MiB at 16 x 64 f32). Default auto
   --nproc N             data parallelism: start N processes of this program (one per GPU
                         with --device cuda, cuda:0..N-1; threads split between them on the
                         CPU), each with 1/N of every batch; rank 0 logs and checkpoints.
