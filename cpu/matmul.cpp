@@ -385,10 +385,67 @@ std::vector<Tensor> matmul_kernel(const std::vector<Tensor>& in, const OpAttrs&)
   return {c};
 }
 
+/// linear: y = x w^T + b, x (R, in) and w (out, in) contiguous, b (out) or absent. The same GEMM
+/// as matmul's x w^T (w read transposed in place); the bias is added in the compute type before
+/// the one rounding to y's type (so f32 and f64 give matmul-then-add's bits, and the half types
+/// round once where matmul-then-add rounds twice).
+template <class T>
+void run_linear(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) {
+  using G = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  const size_t rows = x.dim(0), k = x.dim(1), out = w.dim(0);
+  TAPER_CHECK(std::max({rows, out, k}) <= static_cast<size_t>(INT_MAX), "linear: dims ",
+              x.shape().to_string(), " x ", w.shape().to_string(), " exceed BLAS's 32-bit int range");
+  std::vector<G> cbuf;
+  G* c = nullptr;
+  if constexpr (std::is_same_v<T, G>) {
+    c = y.data<T>();
+  } else {
+    cbuf.resize(rows * out);
+    c = cbuf.data();
+  }
+  if (k == 0) {
+    std::fill(c, c + rows * out, G(0));
+  } else {
+    Panel<G> px, pw;
+    prepare(px, x.data<T>(), rows, k, static_cast<int64_t>(k), 1);
+    prepare(pw, w.data<T>(), k, out, 1, static_cast<int64_t>(k));  // w^T: a transposed view
+    gemm(px.view.trans, pw.view.trans, rows, out, k, px.p, px.view.ld, pw.p, pw.view.ld, c, out);
+  }
+  const T* bp = b ? b->data<T>() : nullptr;
+  T* yp = y.data<T>();
+  parallel_for(rows, 64, [&](size_t r0, size_t r1) {
+    for (size_t r = r0; r < r1; ++r)
+      for (size_t j = 0; j < out; ++j) {
+        G v = c[r * out + j];
+        if (bp) v += static_cast<G>(bp[j]);
+        yp[r * out + j] = T(v);  // once, nearest-even
+      }
+  });
+}
+
+std::vector<Tensor> linear_kernel(const std::vector<Tensor>& in, const OpAttrs&) {
+  const Tensor& x = in[0];
+  const Tensor& w = in[1];
+  TAPER_ASSERT(x.rank() == 2 && w.rank() == 2 && x.dim(1) == w.dim(1));
+  Tensor y = new_output(Shape({x.dim(0), w.dim(0)}), x.dtype());
+  if (y.elem_count() == 0) return {y};
+  const Tensor* b = present(in, 2) ? &in[2] : nullptr;
+  visit_dtype(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (is_float(dtype_of_v<T>)) {
+      run_linear<T>(x, w, b, y);
+    } else {
+      TAPER_ASSERT(false && "linear: integer dtypes are not registered");
+    }
+  });
+  return {y};
+}
+
 // Strided operands are read in place where BLAS can; the kernel copies the rest itself.
 struct MatmulRegistrar {
   MatmulRegistrar() {
     register_kernel(OpId::matmul, DeviceKind::Cpu, kFloatDTypes, &matmul_kernel, false);
+    register_kernel(OpId::linear, DeviceKind::Cpu, kFloatDTypes, &linear_kernel, true);
   }
 };
 const MatmulRegistrar g_matmul_registrar;

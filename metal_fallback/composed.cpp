@@ -98,6 +98,11 @@ Tensor group_norm(const Tensor& x, size_t num_groups, const Tensor& w, const Ten
   return downcast(affine(y, w, b, Shape(pdims)), x.dtype());
 }
 
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+  const Tensor y = x.matmul(w.t());
+  return present(b) ? y + b : y;
+}
+
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
                  double scale) {
   Tensor s = (upcast(q) * scale).matmul(upcast(k).t());  // (B, H, T, S)
@@ -273,6 +278,10 @@ std::vector<Tensor> adamw_step_fn(const std::vector<Tensor>& in, const OpAttrs& 
   return {w, m, v};
 }
 
+std::vector<Tensor> linear_fn(const std::vector<Tensor>& in, const OpAttrs&) {
+  return {linear(in[0], in[1], arg(in, 2))};
+}
+
 std::vector<Tensor> attention_fn(const std::vector<Tensor>& in, const OpAttrs& a) {
   return {attention(in[0], in[1], in[2], arg(in, 3), a.f0)};
 }
@@ -309,6 +318,7 @@ struct Registrar {
     register_composed(OpId::rms_norm_bwd, &rms_norm_bwd_fn);
     register_composed(OpId::layer_norm_bwd, &layer_norm_bwd_fn);
     register_composed(OpId::group_norm_bwd, &group_norm_bwd_fn);
+    register_composed(OpId::linear, &linear_fn);
     register_composed(OpId::attention, &attention_fn);
     register_composed(OpId::attention_bwd, &attention_bwd_fn);
   }

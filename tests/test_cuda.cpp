@@ -2150,6 +2150,9 @@ std::vector<GradCase> make_grad_cases() {
                  return ops::group_norm(v[0], 2, v[1], v[2], 1e-5);
                },
                {r64({2, 4, 3}, 62), r64({4}, 63), r64({4}, 64)}});
+  c.push_back({"linear", OpId::linear,
+               [](const std::vector<Tensor>& v) { return ops::linear(v[0], v[1], v[2]); },
+               {r64({2, 3, 4}, 94), r64({5, 4}, 95), r64({5}, 96)}});
   // The fused attention (its composed form where CUDA has no kernel); the mask (B, 1, 1, S)
   // tracks gradients too.
   c.push_back({"attention", OpId::attention,

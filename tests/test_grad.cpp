@@ -155,6 +155,12 @@ std::vector<GradCase> make_cases() {
                  return composed::group_norm(v[0], 2, v[1], v[2], 1e-5);
                },
                {r({2, 4, 3}, 70), r({4}, 71), r({4}, 72)}});
+  c.push_back({"linear", OpId::linear,
+               [](const std::vector<Tensor>& v) { return ops::linear(v[0], v[1], v[2]); },
+               {r({2, 3, 4}, 94), r({5, 4}, 95), r({5}, 96)}});
+  c.push_back({"linear_composed", OpId::linear,
+               [](const std::vector<Tensor>& v) { return composed::linear(v[0], v[1], v[2]); },
+               {r({3, 4}, 97), r({5, 4}, 98), r({5}, 99)}});
   // Attention: q (B, H, T, D), k, v (B, H, S, D); the mask (B, 1, 1, S) tracks gradients too
   // (summed over its broadcast dims); head views as MultiHeadAttention makes them.
   c.push_back({"attention", OpId::attention,

@@ -10,13 +10,15 @@
 #include <string>
 #include <vector>
 
+#include "taper/composed.h"
+#include "taper/ops.h"
 #include "tests/ref/reduce_ref.h"
 #include "tests/test_util.h"
 
 namespace taper::testing {
 namespace {
 
-TAPER_COVERS(Forward, OpId::matmul, OpId::index_select, OpId::gather, OpId::scatter_add, OpId::cat,
+TAPER_COVERS(Forward, OpId::matmul, OpId::linear, OpId::index_select, OpId::gather, OpId::scatter_add, OpId::cat,
              OpId::narrow_bwd);
 
 // ---- matmul -----------------------------------------------------------------------------------
@@ -179,6 +181,61 @@ TEST(Matmul, EmptyInnerDimGivesZeros) {
   const Tensor a = Tensor::zeros(Shape({3, 0}), DType::F32);
   const Tensor b = Tensor::zeros(Shape({0, 2}), DType::F32);
   EXPECT_EQ(values(a.matmul(b)), std::vector<double>(6, 0.0));
+}
+
+// ---- linear: x w^T + b, the bias added before the one rounding -----------------------------------
+
+// f32 and f64 give matmul-then-add's bits (the same GEMM, then the same add); bf16 and f16 give
+// the f32 computation on the widened inputs rounded once, where matmul-then-add rounds twice.
+// Leading dims fold into the rows; a strided x and an absent bias are served too.
+TEST(Linear, MatchesTheProductPlusBiasRoundedOnce) {
+  for (DType dt : {DType::BF16, DType::F16, DType::F32, DType::F64}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = random_tensor({2, 7, 5}, dt, 1), w = random_tensor({3, 5}, dt, 2);
+    const Tensor b = random_tensor({3}, dt, 3);
+    const DType c = stat_dtype(dt);
+    const Tensor want = (x.to_dtype(c).matmul(w.to_dtype(c).t()) + b.to_dtype(c)).to_dtype(dt);
+    const Tensor y = ops::linear(x, w, b);
+    EXPECT_EQ(y.shape(), Shape({2, 7, 3}));
+    EXPECT_EQ(values(y), values(want));
+    if (!is_half(dt)) EXPECT_EQ(values(y), values(x.matmul(w.t()) + b));
+    EXPECT_EQ(values(ops::linear(x, w, Tensor())), values(x.matmul(w.t())));
+    const Tensor xt = random_tensor({5, 7}, dt, 4).t();  // (7, 5), columns dense
+    EXPECT_EQ(values(ops::linear(xt, w, b)), values(ops::linear(xt.contiguous(), w, b)));
+  }
+  // The half types' one rounding is not the composed form's two: some element differs.
+  const Tensor x = random_tensor({64, 32}, DType::BF16, 5), w = random_tensor({48, 32}, DType::BF16, 6);
+  const Tensor b = random_tensor({48}, DType::BF16, 7, -50.0, 50.0);
+  EXPECT_NE(values(ops::linear(x, w, b)), values(composed::linear(x, w, b)));
+}
+
+TEST(Linear, EmptyInnerDimGivesTheBias) {
+  const Tensor x = Tensor::zeros(Shape({3, 0}), DType::F32), w = Tensor::zeros(Shape({2, 0}), DType::F32);
+  const Tensor b = Tensor::from_vector(std::vector<float>{1.5f, -2.0f}, {2});
+  EXPECT_EQ(values(ops::linear(x, w, b)), (std::vector<double>{1.5, -2.0, 1.5, -2.0, 1.5, -2.0}));
+  EXPECT_EQ(values(ops::linear(x, w, Tensor())), std::vector<double>(6, 0.0));
+}
+
+TEST(Linear, BadInputIsAnErrorNamingTheOpShapesAndDtypes) {
+  const Tensor x = random_tensor({4, 5}, DType::F32, 1), w = random_tensor({3, 5}, DType::F32, 2);
+  auto err = [](auto f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  std::string e = err([&] { ops::linear(x, random_tensor({3, 4}, DType::F32, 3), Tensor()); });
+  EXPECT_TRUE(contains(e, "linear") && contains(e, "(4, 5)") && contains(e, "(3, 4)")) << e;
+  e = err([&] { ops::linear(x, w, random_tensor({4}, DType::F32, 4)); });
+  EXPECT_TRUE(contains(e, "linear") && contains(e, "bias") && contains(e, "(4)")) << e;
+  e = err([&] { ops::linear(x, w.to_dtype(DType::F64), Tensor()); });
+  EXPECT_TRUE(contains(e, "linear") && contains(e, "f64") && contains(e, "f32")) << e;
+  e = err([&] { ops::linear(x, w, random_tensor({3}, DType::BF16, 5)); });
+  EXPECT_TRUE(contains(e, "linear") && contains(e, "bf16")) << e;
+  e = err([&] { ops::linear(x.to_dtype(DType::I64), w.to_dtype(DType::I64), Tensor()); });
+  EXPECT_TRUE(contains(e, "linear") && contains(e, "i64")) << e;
 }
 
 // ---- index ops ----------------------------------------------------------------------------------

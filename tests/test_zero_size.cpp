@@ -251,6 +251,14 @@ std::vector<Case> cases() {
        {Shape({2, 0, 3})},
        [](const In& x, Device) { return ops::group_norm(x[0], 2, Tensor(), Tensor(), 1e-5); },
        Shape({2, 0, 3})});
+  // ---- linear: x (R, in), w (out, in), b (out), each of R, in, out zero in turn ----
+  for (const auto& [r, i, o] : std::vector<std::array<size_t, 3>>{{0, 3, 4}, {2, 0, 4}, {2, 3, 0}}) {
+    const Shape xs({r, i}), ws({o, i}), bs({o});
+    // A bias of no elements reads as none (ops.h), so it may get no gradient.
+    add({"linear x " + xs.to_string() + " w " + ws.to_string(), {O::linear}, {xs, ws, bs},
+         [](const In& x, Device) { return ops::linear(x[0], x[1], x[2]); }, Shape({r, o}), {},
+         o ? std::vector<size_t>{} : std::vector<size_t>{2}});
+  }
   // ---- attention: q (B, H, T, D), k, v (B, H, S, D), each of B, T, S, D zero in turn ----
   for (const auto& [b, t, sl, d] : std::vector<std::array<size_t, 4>>{
            {0, 3, 4, 5}, {2, 0, 4, 5}, {2, 3, 0, 5}, {2, 3, 4, 0}}) {

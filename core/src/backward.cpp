@@ -292,6 +292,14 @@ BWD(group_norm) {
                   norm_bwd_attrs(a, in[1], in[2], in[0]));
 }
 
+// Linear: y = x w^T + b; the bias's gradient is the column sums of g (add's broadcast rule).
+SAVES(linear) { return reads_crosswise(in); }
+BWD(linear) {
+  return {needs(in, 0) ? g[0].matmul(in[1]) : Tensor(),
+          needs(in, 1) ? g[0].t().matmul(in[0]) : Tensor(),
+          needs(in, 2) ? g[0].sum({0}) : Tensor()};
+}
+
 // Attention: the rule passes q, k, v, mask, the output and the saved row log-sum-exp lse
 // (B, H, T) to attention_bwd, which recomputes the probabilities P = exp(scale q k^T + mask -
 // lse) row by row: the node keeps nothing of size (B, H, T, S). Only a mask that itself tracks

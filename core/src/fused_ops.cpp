@@ -83,6 +83,29 @@ Tensor group_norm(const Tensor& x, size_t num_groups, const Tensor& w, const Ten
   return dispatch1(OpId::group_norm, {x, w, b}, a);
 }
 
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+  const char* op = "linear";
+  TAPER_CHECK(x.defined() && w.defined(), op, ": x and w must be defined");
+  check_float(op, x);
+  TAPER_CHECK(w.rank() == 2, op, ": weight must be (out, in), got ", w.shape().to_string(),
+              " for input ", x.shape().to_string());
+  TAPER_CHECK(x.rank() >= 1 && x.dim(-1) == w.dim(1), op, ": input ", x.shape().to_string(),
+              " does not end in in_features ", w.dim(1), " of weight ", w.shape().to_string());
+  TAPER_CHECK(w.dtype() == x.dtype(), op, ": weight dtype ", dtype_name(w.dtype()),
+              " differs from input dtype ", dtype_name(x.dtype()));
+  TAPER_CHECK(w.device() == x.device(), op, ": weight on ", w.device().to_string(), ", input on ",
+              x.device().to_string());
+  check_affine(op, "bias", b, x, w.dim(0));
+  const size_t in = w.dim(1), out = w.dim(0);
+  // One (rows, in) x (in, out) product whatever the leading dims.
+  const Tensor x2 = x.rank() == 2 ? x : x.reshape(Shape({in ? x.elem_count() / in : 0, in}));
+  const Tensor y = dispatch1(OpId::linear, {x2, w, present(b) ? b : Tensor()});
+  if (x.rank() == 2) return y;
+  std::vector<size_t> dims = x.dims();
+  dims.back() = out;
+  return y.reshape(Shape(dims));
+}
+
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
                  double scale) {
   const char* op = "attention";

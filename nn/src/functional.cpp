@@ -10,24 +10,7 @@
 
 namespace taper::nn::functional {
 
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
-  TAPER_CHECK(w.rank() == 2, "linear: weight must be (out, in), got ", w.shape().to_string());
-  TAPER_CHECK(x.rank() >= 1 && x.dim(-1) == w.dim(1), "linear: input ", x.shape().to_string(),
-              " does not end in in_features ", w.dim(1), " of weight ", w.shape().to_string());
-  const size_t in = w.dim(1), out = w.dim(0);
-  // One (rows, in) x (in, out) product: a single GEMM whatever the leading dims.
-  Tensor x2 = x.rank() == 2 ? x : x.reshape(Shape({in ? x.elem_count() / in : 0, in}));
-  Tensor y = x2.matmul(w.t());
-  if (b.defined()) {
-    TAPER_CHECK(b.rank() == 1 && b.dim(0) == out, "linear: bias ", b.shape().to_string(),
-                " must be (", out, ") for weight ", w.shape().to_string());
-    y = y + b;
-  }
-  if (x.rank() == 2) return y;
-  std::vector<size_t> dims = x.dims();
-  dims.back() = out;
-  return y.reshape(Shape(dims));
-}
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) { return ops::linear(x, w, b); }
 
 Tensor embedding(const Tensor& ids, const Tensor& w) {
   TAPER_CHECK(w.rank() == 2, "embedding: weight must be (num, dim), got ", w.shape().to_string());

@@ -99,6 +99,8 @@ namespace taper {
   X(rms_norm_bwd, 4, 2, 0, false, "ints: need dw, need db; dtype: db's")                           \
   X(layer_norm_bwd, 5, 3, 0, false, "ints: need dw, need db; dtype: db's")                         \
   X(group_norm_bwd, 5, 3, 0, false, "i0: num_groups; ints: need dw, need db; dtype: db's")         \
+  /* fused linear: (x (R, in), w (out, in), b (out) or undefined) -> x w^T + b */                 \
+  X(linear, 3, 1, 0, true, "")                                                                     \
   /* fused attention: (q, k, v, mask or undefined) -> out, saved lse (B, H, T); the backward */   \
   /* op (q, k, v, mask, out, lse, dout) -> dq, dk, dv. No (B, H, T, S) tensor is kept. */        \
   X(attention, 4, 1, 1, true, "f0: scale")                                                         \

@@ -36,6 +36,9 @@ Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps)
 /// Throws Error when x has rank < 2 or num_groups is 0 or does not divide C.
 Tensor group_norm(const Tensor& x, size_t num_groups, const Tensor& w, const Tensor& b,
                   double eps);
+/// x w^T + b: matmul, then add (two roundings in bf16/f16, as the ops themselves); x (R, in),
+/// w (out, in), b (out) or undefined.
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b);
 /// softmax(scale * q k^T + mask) v, the scores (B, H, T, S) materialised; q: (B, H, T, D),
 /// k, v: (B, H, S, D), mask broadcastable to (B, H, T, S) or undefined/empty.
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
