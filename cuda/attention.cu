@@ -55,14 +55,35 @@ __device__ __forceinline__ const T* at(const T* p, const Strides4& st, int64_t b
   return p + b * st.s[0] + h * st.s[1] + r * st.s[2];
 }
 
+/// sum_d x[d] y[d] in C over nd dims of two rows with element strides sx, sy, in d order.
+template <class T, class C = compute_t<T>>
+__device__ __forceinline__ C strided_dot(const T* x, int64_t sx, const T* y, int64_t sy,
+                                         int64_t nd) {
+  C r = 0;
+  for (int64_t d = 0; d < nd; ++d) r += widen(x[d * sx]) * widen(y[d * sy]);
+  return r;
+}
+
+/// acc[j] += sum_{i < n} w[i] x(b, h, r0 + i, d_j) in i order, for this thread's kDGroup dims
+/// d_j = d0 + tid + j kBlock (those below nd).
+template <class T, class C>
+__device__ __forceinline__ void add_weighted_rows(C (&acc)[kDGroup], const C* w, int64_t n,
+                                                  const T* x, const Strides4& st, int64_t b,
+                                                  int64_t h, int64_t r0, int64_t d0, int64_t nd) {
+#pragma unroll
+  for (int j = 0; j < kDGroup; ++j) {
+    const int64_t d = d0 + threadIdx.x + j * kBlock;
+    if (d < nd)
+      for (int64_t i = 0; i < n; ++i) acc[j] += w[i] * widen(at(x, st, b, h, r0 + i)[d * st.s[3]]);
+  }
+}
+
 /// scale * (q_t . k_s) + mask[t, s] in C.
 template <class T, class C>
 __device__ __forceinline__ C score(const AttnArgs<T>& a, int64_t b, int64_t h, int64_t t,
                                    int64_t s) {
-  const T* q = at(a.q, a.qs, b, h, t);
-  const T* k = at(a.k, a.ks, b, h, s);
-  C dot = 0;
-  for (int64_t d = 0; d < a.nd; ++d) dot += widen(q[d * a.qs.s[3]]) * widen(k[d * a.ks.s[3]]);
+  const C dot = strided_dot(at(a.q, a.qs, b, h, t), a.qs.s[3], at(a.k, a.ks, b, h, s), a.ks.s[3],
+                            a.nd);
   C x = static_cast<C>(a.scale) * dot;
   if (a.mask) x += widen(at(a.mask, a.ms, b, h, t)[s * a.ms.s[3]]);
   return x;
@@ -118,13 +139,7 @@ template <class T> __global__ void __launch_bounds__(kBlock) attn_fwd_kernel(Att
         if (d0 == 0) sum_part += x;
       }
       __syncthreads();
-#pragma unroll
-      for (int j = 0; j < kDGroup; ++j) {
-        const int64_t d = d0 + threadIdx.x + j * kBlock;
-        if (d < a.nd)
-          for (int64_t i = 0; i < n; ++i)
-            acc[j] += e[i] * widen(at(a.v, a.vs, b, h, c0 + i)[d * a.vs.s[3]]);
-      }
+      add_weighted_rows(acc, e, n, a.v, a.vs, b, h, c0, d0, a.nd);
       __syncthreads();
     }
     if (d0 == 0) sum_part = block_reduce<C, false>(sum_part, red);  // every thread: the row sum
@@ -166,19 +181,11 @@ __global__ void __launch_bounds__(kBlock) attn_bwd_dq_kernel(AttnArgs<T> a,
       for (int64_t i = threadIdx.x; i < n; i += kBlock) {
         const int64_t s = c0 + i;
         const C p = exp(score<T, C>(a, b, h, t, s) - l);
-        const T* v = at(a.v, a.vs, b, h, s);
-        C dp = 0;
-        for (int64_t d = 0; d < a.nd; ++d) dp += widen(go[d * a.dos.s[3]]) * widen(v[d * a.vs.s[3]]);
+        const C dp = strided_dot(go, a.dos.s[3], at(a.v, a.vs, b, h, s), a.vs.s[3], a.nd);
         ds[i] = p * (dp - D_t);
       }
       __syncthreads();
-#pragma unroll
-      for (int j = 0; j < kDGroup; ++j) {
-        const int64_t d = d0 + threadIdx.x + j * kBlock;
-        if (d < a.nd)
-          for (int64_t i = 0; i < n; ++i)
-            acc[j] += ds[i] * widen(at(a.k, a.ks, b, h, c0 + i)[d * a.ks.s[3]]);
-      }
+      add_weighted_rows(acc, ds, n, a.k, a.ks, b, h, c0, d0, a.nd);
       __syncthreads();
     }
 #pragma unroll
@@ -210,22 +217,13 @@ __global__ void __launch_bounds__(kBlock) attn_bwd_dkv_kernel(AttnArgs<T> a,
       for (int64_t i = threadIdx.x; i < n; i += kBlock) {
         const int64_t t = c0 + i, r = bh * a.nt + t;
         const C p = exp(score<T, C>(a, b, h, t, s) - lse[r]);
-        const T* go = at(a.dout, a.dos, b, h, t);
-        C dp = 0;
-        for (int64_t d = 0; d < a.nd; ++d) dp += widen(go[d * a.dos.s[3]]) * widen(v[d * a.vs.s[3]]);
+        const C dp = strided_dot(at(a.dout, a.dos, b, h, t), a.dos.s[3], v, a.vs.s[3], a.nd);
         pc[i] = p;
         dsc[i] = p * (dp - rowdot[r]);
       }
       __syncthreads();
-#pragma unroll
-      for (int j = 0; j < kDGroup; ++j) {
-        const int64_t d = d0 + threadIdx.x + j * kBlock;
-        if (d < a.nd)
-          for (int64_t i = 0; i < n; ++i) {
-            ak[j] += dsc[i] * widen(at(a.q, a.qs, b, h, c0 + i)[d * a.qs.s[3]]);
-            av[j] += pc[i] * widen(at(a.dout, a.dos, b, h, c0 + i)[d * a.dos.s[3]]);
-          }
-      }
+      add_weighted_rows(ak, dsc, n, a.q, a.qs, b, h, c0, d0, a.nd);
+      add_weighted_rows(av, pc, n, a.dout, a.dos, b, h, c0, d0, a.nd);
       __syncthreads();
     }
 #pragma unroll

@@ -2200,6 +2200,19 @@ Tensor attention_heads(const Tensor& x, size_t t, size_t d) {
   return x.reshape({2, t, 3, d}).permute({0, 2, 1, 3});
 }
 
+/// q (2, 3, T, D), k, v (2, 3, S, D) as head views, dout (2, 3, T, D) and a (2, 1, 1, S) mask
+/// broadcast to the scores, of dtype dt, from seeds seed .. seed + 4.
+struct AttnCase {
+  Tensor q, k, v, dout, mask;
+};
+AttnCase attention_case(DType dt, size_t T, size_t S, size_t D, uint64_t seed) {
+  return {attention_heads(random_tensor({2, T, 3 * D}, dt, seed), T, D),
+          attention_heads(random_tensor({2, S, 3 * D}, dt, seed + 1), S, D),
+          attention_heads(random_tensor({2, S, 3 * D}, dt, seed + 2), S, D),
+          random_tensor({2, 3, T, D}, dt, seed + 3),
+          random_tensor({2, 1, 1, S}, dt, seed + 4).broadcast_as({2, 3, T, S})};
+}
+
 /// The attention kernel of `kind` called directly: {out, lse} (dispatch returns only out).
 std::vector<Tensor> attention_outputs(DeviceKind kind, const std::vector<Tensor>& in, double scale) {
   OpAttrs a;
@@ -2216,12 +2229,7 @@ TEST_F(CudaAttention, ForwardMatchesTheCpu) {
       for (size_t S : {size_t{1}, size_t{7}, size_t{300}}) {
         SCOPED_TRACE(std::string(dtype_name(dt)) + " D=" + std::to_string(D) +
                      " S=" + std::to_string(S));
-        const size_t T = 70;
-        const Tensor q = attention_heads(random_tensor({2, T, 3 * D}, dt, 11), T, D);
-        const Tensor k = attention_heads(random_tensor({2, S, 3 * D}, dt, 12), S, D);
-        const Tensor v = attention_heads(random_tensor({2, S, 3 * D}, dt, 13), S, D);
-        const Tensor mask = random_tensor({2, 1, 1, S}, dt, 14);
-        const Tensor m = mask.broadcast_as({2, 3, T, S});
+        const auto [q, k, v, dout, m] = attention_case(dt, 70, S, D, 11);
         const auto cpu = attention_outputs(DeviceKind::Cpu, {q, k, v, m}, 0.15);
         const auto gpu = attention_outputs(
             DeviceKind::Cuda,
@@ -2240,12 +2248,7 @@ TEST_F(CudaAttention, BackwardOpMatchesTheCpu) {
       for (size_t S : {size_t{7}, size_t{130}}) {
         SCOPED_TRACE(std::string(dtype_name(dt)) + " D=" + std::to_string(D) +
                      " S=" + std::to_string(S));
-        const size_t T = 70;
-        const Tensor q = attention_heads(random_tensor({2, T, 3 * D}, dt, 1), T, D);
-        const Tensor k = attention_heads(random_tensor({2, S, 3 * D}, dt, 2), S, D);
-        const Tensor v = attention_heads(random_tensor({2, S, 3 * D}, dt, 3), S, D);
-        const Tensor dout = random_tensor({2, 3, T, D}, dt, 4);
-        const Tensor mask = random_tensor({2, 1, 1, S}, dt, 5).broadcast_as({2, 3, T, S});
+        const auto [q, k, v, dout, mask] = attention_case(dt, 70, S, D, 1);
         OpAttrs a;
         a.f0 = 0.2;
         const auto saved = attention_outputs(DeviceKind::Cpu, {q, k, v, mask}, a.f0);
