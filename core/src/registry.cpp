@@ -217,8 +217,8 @@ std::vector<Tensor> dispatch(OpId op, const std::vector<Tensor>& in, const OpAtt
                 t.shape().to_string(), " ", dtype_name(t.dtype()),
                 " tensor (a backward rule read a value its SAVES line does not keep)");
   const KernelSlot& slot = d.kernels[static_cast<int>(dev.kind())];
-  const bool has = slot.fn != nullptr && (slot.dtypes & dtype_bit(dt)) != 0;
-  if (d.composed && (!has || forced_composed(op))) {
+  const bool has = has_kernel(op, dev, dt);
+  if (d.composed && !runs_kernel(op, dev, dt)) {
     std::vector<Tensor> outs = d.composed(in, attrs);
     outs.resize(static_cast<size_t>(d.n_out));
     return outs;
