@@ -44,6 +44,11 @@ fi
 LIB=$D/usr/lib/x86_64-linux-gnu
 export LD_LIBRARY_PATH=$LIB:$LIB/openblas-pthread:${LD_LIBRARY_PATH:-}
 export PKG_CONFIG_PATH=$LIB/openblas-pthread/pkgconfig:$LIB/pkgconfig
+# The model: MODEL_DIR, else the copy the device tool carries (.devmodel), else the fetched one.
+if [ -z "${MODEL_DIR:-}" ]; then
+  MODEL_DIR=.models/all-MiniLM-L6-v2
+  [ -f .devmodel/all-MiniLM-L6-v2/model.safetensors ] && MODEL_DIR=.devmodel/all-MiniLM-L6-v2
+fi
 log "commit ${TAPER_COMMIT:-unknown}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/summary.txt"
 nvcc --version | tail -1 | tee -a "$OUT/summary.txt"
@@ -133,7 +138,7 @@ for step in "$@"; do
     finetune)
       # The same 20 steps on the GPU and on the CPU; MODEL_DIR may point at a copy of the model
       # whose weights are stored as f16 (the f32 file does not fit the tool's 64 MiB transfer).
-      M=${MODEL_DIR:-.models/all-MiniLM-L6-v2}
+      M=$MODEL_DIR
       for dev in cuda cpu; do
         log "finetune --device $dev --steps 20 (model $M)"
         ./build/gpu/examples/finetune --device "$dev" --model-dir "$M" --steps 20 --test-limit 64 \
@@ -145,7 +150,7 @@ for step in "$@"; do
     main)
       # The whole main job on the GPU (default flags, seeds 1 and 2), then a checkpoint written
       # on the GPU half-way and resumed on the CPU, which must reach the same accuracy.
-      M=${MODEL_DIR:-.models/all-MiniLM-L6-v2}
+      M=$MODEL_DIR
       for seed in 1 2; do
         log "main job on cuda, seed $seed"
         ./build/gpu/examples/finetune --device cuda --model-dir "$M" --seed "$seed" ${MAIN_FLAGS:-} \
@@ -164,7 +169,7 @@ for step in "$@"; do
       ;;
     ddp1)
       # Data parallelism's launcher end to end on one GPU: NCCL at world size 1.
-      M=${MODEL_DIR:-.models/all-MiniLM-L6-v2}
+      M=$MODEL_DIR
       log "finetune --device cuda --nproc 1 (40 steps)"
       ./build/gpu/examples/finetune --device cuda --nproc 1 --model-dir "$M" --steps 40 \
         --out /tmp/ddp1.safetensors >"$OUT/ddp1.log" 2>&1
@@ -175,7 +180,7 @@ for step in "$@"; do
       # Issue 16 on a machine with W >= 2 GPUs: NCCL across the GPUs against the host sum, the
       # 100 MiB all-reduce beside torch.distributed's, the bf16 128 x 128 step on 1, 2 and 4
       # GPUs (weak scaling: tokens/s), and 10 fine-tuning steps on 2 GPUs against 1.
-      M=${MODEL_DIR:-.models/all-MiniLM-L6-v2}
+      M=$MODEL_DIR
       W=$(nvidia-smi -L | wc -l)
       log "multi: $W GPUs"
       ./build/gpu/tests/taper_tests --gtest_filter='CudaDist*' --gtest_brief=1 >"$OUT/multi_test.log" 2>&1
@@ -199,7 +204,7 @@ for step in "$@"; do
       tail -12 "$OUT/multi_ddp.log"
       ;;
     train)
-      M=${MODEL_DIR:-.models/all-MiniLM-L6-v2}
+      M=$MODEL_DIR
       FT=./build/gpu/examples/finetune
       for cell in "train 16 64 f32" "train 128 128 f32" "train 16 64 bf16" "train 128 128 bf16" \
                   "forward 32 128 f32" "forward 512 128 f32" "forward 32 128 bf16" \
