@@ -18,8 +18,8 @@
 namespace taper::testing {
 namespace {
 
-TAPER_COVERS(Forward, OpId::matmul, OpId::linear, OpId::index_select, OpId::gather, OpId::scatter_add, OpId::cat,
-             OpId::narrow_bwd);
+TAPER_COVERS(Forward, OpId::matmul, OpId::linear, OpId::index_select, OpId::gather,
+             OpId::scatter_add, OpId::cat, OpId::narrow_bwd);
 
 // ---- matmul -----------------------------------------------------------------------------------
 
@@ -218,23 +218,15 @@ TEST(Linear, EmptyInnerDimGivesTheBias) {
 
 TEST(Linear, BadInputIsAnErrorNamingTheOpShapesAndDtypes) {
   const Tensor x = random_tensor({4, 5}, DType::F32, 1), w = random_tensor({3, 5}, DType::F32, 2);
-  auto err = [](auto f) {
-    try {
-      f();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
-  std::string e = err([&] { ops::linear(x, random_tensor({3, 4}, DType::F32, 3), Tensor()); });
+  std::string e = error_of([&] { ops::linear(x, random_tensor({3, 4}, DType::F32, 3), Tensor()); });
   EXPECT_TRUE(contains(e, "linear") && contains(e, "(4, 5)") && contains(e, "(3, 4)")) << e;
-  e = err([&] { ops::linear(x, w, random_tensor({4}, DType::F32, 4)); });
+  e = error_of([&] { ops::linear(x, w, random_tensor({4}, DType::F32, 4)); });
   EXPECT_TRUE(contains(e, "linear") && contains(e, "bias") && contains(e, "(4)")) << e;
-  e = err([&] { ops::linear(x, w.to_dtype(DType::F64), Tensor()); });
+  e = error_of([&] { ops::linear(x, w.to_dtype(DType::F64), Tensor()); });
   EXPECT_TRUE(contains(e, "linear") && contains(e, "f64") && contains(e, "f32")) << e;
-  e = err([&] { ops::linear(x, w, random_tensor({3}, DType::BF16, 5)); });
+  e = error_of([&] { ops::linear(x, w, random_tensor({3}, DType::BF16, 5)); });
   EXPECT_TRUE(contains(e, "linear") && contains(e, "bf16")) << e;
-  e = err([&] { ops::linear(x.to_dtype(DType::I64), w.to_dtype(DType::I64), Tensor()); });
+  e = error_of([&] { ops::linear(x.to_dtype(DType::I64), w.to_dtype(DType::I64), Tensor()); });
   EXPECT_TRUE(contains(e, "linear") && contains(e, "i64")) << e;
 }
 

@@ -94,8 +94,7 @@ struct Flags {
   bool bench_forward = false;
   bool bench_train = false;
   size_t nproc = 0;  // 0: this process alone (or as a launcher's rank)
-  // auto: on for a CUDA run without dropout or processes. The default stays off until the
-  // graph has been run on a GPU (written in a session that had no GPU lent).
+  // auto: on for a CUDA run without dropout or processes (run 24 ran the main job with it).
   std::string cuda_graph = "auto";
   std::set<std::string> given;  // flags set on the command line
 };
