@@ -21,6 +21,7 @@
 // the CPU: an all -inf row gives NaN (exp(-inf - -inf)), S = 0 gives out 0 and lse -inf.
 #include <cmath>
 #include <limits>
+#include <mutex>
 #include <type_traits>
 #include <vector>
 
@@ -446,6 +447,499 @@ __global__ void __launch_bounds__(kRows) attn_bwd_dkv_reg_kernel(AttnArgs<T> a,
     }
 }
 
+// ---- the tensor-core path: bf16 (D <= 64) and f32 (D <= 32) -----------------------------------
+// The products run on the tensor cores (mma.sync m16n8k16: bf16 operands, f32 accumulators);
+// everything else (scale, mask, max, exp, sums, the final division) in f32, as the register
+// path. A block is 4 warps; each warp owns 16 query rows (forward, dq) or key rows (dk, dv) and
+// keeps their products in the mma's accumulator layout; the other side's rows are staged in
+// shared memory in tiles of 64 (as stored for one product, transposed for the other).
+// Every operand enters as a sum of bf16 terms, so no product is rounded to a narrower type:
+// - a bf16 tensor is one term (exact); an f32 tensor is three, x = t0 + t1 + t2 with
+//   t_i = bf16(x - t0 - ... - t_{i-1}), exactly (24 significant bits);
+// - the f32 values that feed a second product (the probabilities P, the score gradients dS) are
+//   split the same way: two terms for bf16 (16 bits, relative error <= 2^-17, far below the
+//   bf16 rounding of the result), three for f32.
+// A product of an n-term by an m-term operand sums the term products t_i u_j with
+// i + j < max(n, m): 1 for bf16 operands, 2 for P or dS times a bf16 operand, 6 for f32 (the
+// products left out are below 2^-24 of the whole, f32's own rounding). Each result is rounded
+// once at the store. bf16 has f32's exponent range, so no term overflows where f32 does not.
+
+constexpr int kMmaWarps = 4;
+constexpr int kMmaThreads = 32 * kMmaWarps;
+constexpr int kMmaRows = 16 * kMmaWarps;  ///< rows a block owns
+constexpr int kMmaTile = 64;              ///< rows of the other side per staged tile
+constexpr int kTileLd = kMmaTile + 8;     ///< pitch of a transposed tile [d][row]: no bank conflicts
+static_assert(kMmaRows == kMmaTile, "a block stages its own rows through a tile buffer");
+
+/// bf16 terms of a tensor operand (1: bf16, 3: f32) and of an f32 intermediate (2: bf16, 3: f32).
+template <class T> constexpr int in_terms() { return std::is_same_v<T, bf16> ? 1 : 3; }
+template <class T> constexpr int mid_terms() { return std::is_same_v<T, bf16> ? 2 : 3; }
+
+/// Pitch of a row tile [row][d]: kD + 8 elements, so the fragment loads hit 32 different banks.
+template <int kD> constexpr int row_ld() { return kD + 8; }
+/// Elements of one term plane of a row tile and of a transposed tile.
+template <int kD> constexpr int row_plane() { return kMmaTile * row_ld<kD>(); }
+template <int kD> constexpr int col_plane() { return kD * kTileLd; }
+
+/// D (16 x 8, f32) += A (16 x 16, bf16, row-major fragment) * B (16 x 8, bf16, column fragment).
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/// Two adjacent bf16 of shared memory as one 32-bit fragment register (the lower index low).
+__device__ __forceinline__ uint32_t ld2(const uint16_t* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+/// x = t[0] + ... + t[n - 1], t[i] = bf16(x - t[0] - ... - t[i - 1]) (each subtraction exact).
+template <int n> __device__ __forceinline__ void split_terms(float x, uint16_t (&t)[n]) {
+#pragma unroll
+  for (int i = 0; i < n; ++i) {
+    t[i] = f32_to_bf16_bits(x);
+    x -= bf16_bits_to_f32(t[i]);
+  }
+}
+
+/// The A fragments (n terms) of a 16 x 64 f32 block held in 8 accumulator tiles x[8][4]:
+/// k-step kk covers columns 16 kk .. 16 kk + 15 (tiles 2 kk and 2 kk + 1).
+template <int n>
+__device__ __forceinline__ void split_fragments(const float (&x)[8][4], uint32_t (&f)[n][4][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {  // register r: tile 2 kk + r / 2, elements 2 (r % 2), +1
+      const float* v = &x[2 * kk + r / 2][2 * (r % 2)];
+      uint16_t lo[n], hi[n];
+      split_terms<n>(v[0], lo);
+      split_terms<n>(v[1], hi);
+#pragma unroll
+      for (int i = 0; i < n; ++i)
+        f[i][kk][r] = static_cast<uint32_t>(lo[i]) | (static_cast<uint32_t>(hi[i]) << 16);
+    }
+}
+
+/// Stages rows r0 .. r0 + 63 of x (0 past n rows or nd dims) as in_terms<T>() bf16 planes:
+/// sh[p * row_plane + j * row_ld + d], or with kTransposed sh[p * col_plane + d * kTileLd + j].
+template <class T, int kD, bool kTransposed>
+__device__ __forceinline__ void stage_terms(uint16_t* sh, const T* x, const Strides4& st,
+                                            int64_t b, int64_t h, int64_t r0, int64_t n,
+                                            int64_t nd) {
+  constexpr int kTerms = in_terms<T>();
+  for (int e = threadIdx.x; e < kMmaTile * kD; e += blockDim.x) {
+    const int j = e / kD, d = e % kD;
+    uint16_t t[kTerms] = {};
+    if (j < n && d < nd) {
+      const T v = at(x, st, b, h, r0 + j)[d * st.s[3]];
+      if constexpr (std::is_same_v<T, bf16>) t[0] = v.bits;
+      else split_terms<kTerms>(v, t);
+    }
+#pragma unroll
+    for (int p = 0; p < kTerms; ++p) {
+      if constexpr (kTransposed) sh[p * col_plane<kD>() + d * kTileLd + j] = t[p];
+      else sh[p * row_plane<kD>() + j * row_ld<kD>() + d] = t[p];
+    }
+  }
+}
+
+/// A fragments (every term) of the 16 rows of a staged row tile starting at row r.
+template <class T, int kD>
+__device__ __forceinline__ void row_fragments(const uint16_t* sh, int r,
+                                              uint32_t (&f)[in_terms<T>()][kD / 16][4]) {
+  constexpr int ld = row_ld<kD>();
+  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+#pragma unroll
+  for (int p = 0; p < in_terms<T>(); ++p)
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint16_t* q = sh + p * row_plane<kD>() + (r + g) * ld + 16 * kk + 2 * c;
+      f[p][kk][0] = ld2(q);
+      f[p][kk][1] = ld2(q + 8 * ld);
+      f[p][kk][2] = ld2(q + 8);
+      f[p][kk][3] = ld2(q + 8 * ld + 8);
+    }
+}
+
+/// acc[n] (n < 8) = A (16 x kD) * B where B's column 8 n + g is row 8 n + g of the staged row
+/// tile sh (a product with the tile's rows: q k^T, dout v^T, k q^T, v dout^T).
+template <class T, int kD>
+__device__ __forceinline__ void times_rows(const uint32_t (&a)[in_terms<T>()][kD / 16][4],
+                                           const uint16_t* sh, float (&acc)[8][4]) {
+  constexpr int ld = row_ld<kD>(), kTerms = in_terms<T>();
+  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kTerms; ++j)
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        const uint16_t* p = sh + j * row_plane<kD>() + (8 * n + g) * ld + 16 * kk + 2 * c;
+        const uint32_t b0 = ld2(p), b1 = ld2(p + 8);
+#pragma unroll
+        for (int i = 0; i + j < kTerms; ++i) mma_bf16(acc[n], a[i][kk], b0, b1);
+      }
+  }
+}
+
+/// acc[n] (n < kD / 8) += X (16 x 64, as mid_terms<T>() fragments) * the 64 x kD tile staged
+/// transposed in sh (plane p: sh[p * col_plane + d * kTileLd + j] = term p of row j, dim d).
+template <class T, int kD>
+__device__ __forceinline__ void accumulate_cols(const uint32_t (&x)[mid_terms<T>()][4][4],
+                                                const uint16_t* sh, float (&acc)[kD / 8][4]) {
+  constexpr int kMid = mid_terms<T>(), kIn = in_terms<T>();
+  constexpr int kMax = kMid > kIn ? kMid : kIn;
+  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+#pragma unroll
+  for (int n = 0; n < kD / 8; ++n)
+#pragma unroll
+    for (int j = 0; j < kIn; ++j)
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const uint16_t* p = sh + j * col_plane<kD>() + (8 * n + g) * kTileLd + 16 * kk + 2 * c;
+        const uint32_t b0 = ld2(p), b1 = ld2(p + 8);
+#pragma unroll
+        for (int i = 0; i < kMid && i + j < kMax; ++i) mma_bf16(acc[n], x[i][kk], b0, b1);
+      }
+}
+
+/// Max (NaN ignored, as the register path's x > m) and sum over the 4 threads of a quad, which
+/// hold one row between them; a fixed butterfly, so the same bits every run.
+__device__ __forceinline__ float quad_max(float v) {
+#pragma unroll
+  for (int o = 1; o < 4; o *= 2) {
+    const float w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = w > v ? w : v;
+  }
+  return v;
+}
+__device__ __forceinline__ float quad_sum(float v) {
+#pragma unroll
+  for (int o = 1; o < 4; o *= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+/// Dynamic shared memory of each kernel, in bytes.
+template <class T, int kD> constexpr int fwd_smem() {
+  return 2 * in_terms<T>() * (row_plane<kD>() + col_plane<kD>());
+}
+template <class T, int kD> constexpr int dq_smem() {
+  return 2 * in_terms<T>() * (2 * row_plane<kD>() + col_plane<kD>());
+}
+template <class T, int kD> constexpr int dkv_smem() {
+  return 2 * in_terms<T>() * (2 * row_plane<kD>() + 2 * col_plane<kD>()) +
+         2 * kMmaTile * static_cast<int>(sizeof(float));
+}
+
+/// Grid (B H, ceil(T / 64)), 128 threads. out (B, H, T, D), lse (B, H, T) contiguous.
+template <class T, int kD>
+__global__ void __launch_bounds__(kMmaThreads) attn_fwd_mma_kernel(AttnArgs<T> a, T* out,
+                                                                   float* lse) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  extern __shared__ __align__(16) uint16_t smem[];
+  uint16_t* ksh = smem;                                      // k rows (and q's, first)
+  uint16_t* vt = smem + in_terms<T>() * row_plane<kD>();     // v, transposed
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int64_t bh = blockIdx.x, b = bh / a.nh, h = bh % a.nh;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kMmaRows;
+  stage_terms<T, kD, false>(ksh, a.q, a.qs, b, h, t0, a.nt - t0, a.nd);
+  __syncthreads();
+  uint32_t qf[in_terms<T>()][kD / 16][4];
+  row_fragments<T, kD>(ksh, 16 * warp, qf);
+  const int64_t tr[2] = {t0 + 16 * warp + g, t0 + 16 * warp + g + 8};  // this thread's rows
+  const T* mrow[2] = {nullptr, nullptr};
+  for (int i = 0; i < 2; ++i)
+    if (a.mask && tr[i] < a.nt) mrow[i] = at(a.mask, a.ms, b, h, tr[i]);
+  const float scale = static_cast<float>(a.scale);
+  float o[kD / 8][4] = {};
+  float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f};
+  for (int64_t s0 = 0; s0 < a.ns; s0 += kMmaTile) {
+    const int n = static_cast<int>(a.ns - s0 < kMmaTile ? a.ns - s0 : kMmaTile);
+    __syncthreads();  // every warp is done with the previous tile (and with q's staging)
+    stage_terms<T, kD, false>(ksh, a.k, a.ks, b, h, s0, n, a.nd);
+    stage_terms<T, kD, true>(vt, a.v, a.vs, b, h, s0, n, a.nd);
+    __syncthreads();
+    float x[8][4];
+    times_rows<T, kD>(qf, ksh, x);
+    float tmax[2] = {kNegInf, kNegInf};
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = e / 2, col = 8 * j + 2 * c + (e & 1);
+        float v = kNegInf;  // a key past S adds nothing
+        if (col < n) {
+          v = scale * x[j][e];
+          if (mrow[i]) v += static_cast<float>(widen(mrow[i][(s0 + col) * a.ms.s[3]]));
+        }
+        x[j][e] = v;
+        tmax[i] = v > tmax[i] ? v : tmax[i];
+      }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float mn = quad_max(tmax[i]);
+      if (mn > m[i]) {  // a new maximum: rescale the sums (by 0 while m is -inf)
+        const float r = expf(m[i] - mn);
+        l[i] *= r;
+#pragma unroll
+        for (int j = 0; j < kD / 8; ++j) {
+          o[j][2 * i] *= r;
+          o[j][2 * i + 1] *= r;
+        }
+        m[i] = mn;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        // A -inf score adds nothing; NaN and +inf scores make the sum NaN, as softmax's.
+        const float p = x[j][e] == kNegInf ? 0.0f : expf(x[j][e] - m[e / 2]);
+        l[e / 2] += p;
+        x[j][e] = p;
+      }
+    uint32_t pf[mid_terms<T>()][4][4];
+    split_fragments<mid_terms<T>()>(x, pf);
+    accumulate_cols<T, kD>(pf, vt, o);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float li = quad_sum(l[i]);
+    if (tr[i] >= a.nt) continue;
+    const int64_t row = bh * a.nt + tr[i];
+    T* orow = out + row * a.nd;
+    if (a.ns == 0) {  // no keys: an empty sum
+#pragma unroll
+      for (int j = 0; j < kD / 8; ++j)
+        for (int e = 0; e < 2; ++e)
+          if (8 * j + 2 * c + e < a.nd) orow[8 * j + 2 * c + e] = round_to<T>(0.0f);
+      if (c == 0) lse[row] = kNegInf;
+      continue;
+    }
+    if (m[i] == kNegInf) li = std::numeric_limits<float>::quiet_NaN();  // all -inf: NaN
+#pragma unroll
+    for (int j = 0; j < kD / 8; ++j)
+      for (int e = 0; e < 2; ++e)
+        if (8 * j + 2 * c + e < a.nd) orow[8 * j + 2 * c + e] = round_to<T>(o[j][2 * i + e] / li);
+    if (c == 0) lse[row] = m[i] + logf(li);
+  }
+}
+
+/// dq rows and rowdot (D_t = dout_t . out_t); grid (B H, ceil(T / 64)), 128 threads.
+template <class T, int kD>
+__global__ void __launch_bounds__(kMmaThreads) attn_bwd_dq_mma_kernel(AttnArgs<T> a,
+                                                                      const float* lse, T* dq,
+                                                                      float* rowdot) {
+  extern __shared__ __align__(16) uint16_t smem[];
+  uint16_t* ksh = smem;                                      // k rows (q's, first)
+  uint16_t* vsh = smem + in_terms<T>() * row_plane<kD>();    // v rows (dout's, first)
+  uint16_t* kt = smem + 2 * in_terms<T>() * row_plane<kD>(); // k, transposed
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int64_t bh = blockIdx.x, b = bh / a.nh, h = bh % a.nh;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kMmaRows;
+  stage_terms<T, kD, false>(ksh, a.q, a.qs, b, h, t0, a.nt - t0, a.nd);
+  stage_terms<T, kD, false>(vsh, a.dout, a.dos, b, h, t0, a.nt - t0, a.nd);
+  __syncthreads();
+  uint32_t qf[in_terms<T>()][kD / 16][4], gf[in_terms<T>()][kD / 16][4];
+  row_fragments<T, kD>(ksh, 16 * warp, qf);
+  row_fragments<T, kD>(vsh, 16 * warp, gf);
+  const int64_t tr[2] = {t0 + 16 * warp + g, t0 + 16 * warp + g + 8};
+  float dt[2], lr[2];
+  const T* mrow[2] = {nullptr, nullptr};
+  for (int i = 0; i < 2; ++i) {
+    const bool live = tr[i] < a.nt;
+    // D_t: the quad's four threads take dims c, c + 4, ...; then a fixed butterfly.
+    float part = 0.0f;
+    if (live) {
+      const T* go = at(a.dout, a.dos, b, h, tr[i]);
+      const T* ob = at(a.o, a.os, b, h, tr[i]);
+      for (int64_t d = c; d < a.nd; d += 4)
+        part = fmac(static_cast<float>(widen(go[d * a.dos.s[3]])),
+                    static_cast<float>(widen(ob[d * a.os.s[3]])), part);
+    }
+    dt[i] = quad_sum(part);
+    lr[i] = live ? lse[bh * a.nt + tr[i]] : 0.0f;
+    if (a.mask && live) mrow[i] = at(a.mask, a.ms, b, h, tr[i]);
+  }
+  const float scale = static_cast<float>(a.scale);
+  float acc[kD / 8][4] = {};
+  for (int64_t s0 = 0; s0 < a.ns; s0 += kMmaTile) {
+    const int n = static_cast<int>(a.ns - s0 < kMmaTile ? a.ns - s0 : kMmaTile);
+    __syncthreads();
+    stage_terms<T, kD, false>(ksh, a.k, a.ks, b, h, s0, n, a.nd);
+    stage_terms<T, kD, false>(vsh, a.v, a.vs, b, h, s0, n, a.nd);
+    stage_terms<T, kD, true>(kt, a.k, a.ks, b, h, s0, n, a.nd);
+    __syncthreads();
+    float x[8][4], dp[8][4];
+    times_rows<T, kD>(qf, ksh, x);
+    times_rows<T, kD>(gf, vsh, dp);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = e / 2, col = 8 * j + 2 * c + (e & 1);
+        float ds = 0.0f;  // a key past S adds nothing
+        if (col < n) {
+          float v = scale * x[j][e];
+          if (mrow[i]) v += static_cast<float>(widen(mrow[i][(s0 + col) * a.ms.s[3]]));
+          const float p = expf(v - lr[i]);  // a NaN lse (a NaN forward row): NaN, as the CPU
+          ds = p * (dp[j][e] - dt[i]);
+        }
+        x[j][e] = ds;
+      }
+    uint32_t sf[mid_terms<T>()][4][4];
+    split_fragments<mid_terms<T>()>(x, sf);
+    accumulate_cols<T, kD>(sf, kt, acc);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (tr[i] >= a.nt) continue;
+    const int64_t row = bh * a.nt + tr[i];
+    if (c == 0) rowdot[row] = dt[i];
+    T* r = dq + row * a.nd;
+#pragma unroll
+    for (int j = 0; j < kD / 8; ++j)
+      for (int e = 0; e < 2; ++e)
+        if (8 * j + 2 * c + e < a.nd) r[8 * j + 2 * c + e] = round_to<T>(scale * acc[j][2 * i + e]);
+  }
+}
+
+/// dk, dv rows; grid (B H, ceil(S / 64)), 128 threads. Each warp's 16 key rows meet the query
+/// rows a tile at a time: S^T = k q^T, P^T, dP^T = v dout^T, dS^T; dv += P^T dout, dk += dS^T q.
+template <class T, int kD>
+__global__ void __launch_bounds__(kMmaThreads) attn_bwd_dkv_mma_kernel(AttnArgs<T> a,
+                                                                       const float* lse,
+                                                                       const float* rowdot,
+                                                                       T* dk, T* dv) {
+  constexpr int kIn = in_terms<T>();
+  extern __shared__ __align__(16) uint16_t smem[];
+  uint16_t* qsh = smem;                                  // q rows (k's, first)
+  uint16_t* gsh = qsh + kIn * row_plane<kD>();           // dout rows (v's, first)
+  uint16_t* qt = gsh + kIn * row_plane<kD>();            // q, transposed
+  uint16_t* gt = qt + kIn * col_plane<kD>();             // dout, transposed
+  float* ls = reinterpret_cast<float*>(gt + kIn * col_plane<kD>());
+  float* dts = ls + kMmaTile;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int64_t bh = blockIdx.x, b = bh / a.nh, h = bh % a.nh;
+  const int64_t s0 = static_cast<int64_t>(blockIdx.y) * kMmaRows;
+  stage_terms<T, kD, false>(qsh, a.k, a.ks, b, h, s0, a.ns - s0, a.nd);
+  stage_terms<T, kD, false>(gsh, a.v, a.vs, b, h, s0, a.ns - s0, a.nd);
+  __syncthreads();
+  uint32_t kf[kIn][kD / 16][4], vf[kIn][kD / 16][4];
+  row_fragments<T, kD>(qsh, 16 * warp, kf);
+  row_fragments<T, kD>(gsh, 16 * warp, vf);
+  const int64_t sr[2] = {s0 + 16 * warp + g, s0 + 16 * warp + g + 8};  // this thread's keys
+  const int64_t sc[2] = {sr[0] < a.ns ? sr[0] : 0, sr[1] < a.ns ? sr[1] : 0};
+  const float scale = static_cast<float>(a.scale);
+  float ak[kD / 8][4] = {}, av[kD / 8][4] = {};
+  for (int64_t t0 = 0; t0 < a.nt; t0 += kMmaTile) {
+    const int n = static_cast<int>(a.nt - t0 < kMmaTile ? a.nt - t0 : kMmaTile);
+    __syncthreads();
+    stage_terms<T, kD, false>(qsh, a.q, a.qs, b, h, t0, n, a.nd);
+    stage_terms<T, kD, false>(gsh, a.dout, a.dos, b, h, t0, n, a.nd);
+    stage_terms<T, kD, true>(qt, a.q, a.qs, b, h, t0, n, a.nd);
+    stage_terms<T, kD, true>(gt, a.dout, a.dos, b, h, t0, n, a.nd);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      ls[i] = lse[bh * a.nt + t0 + i];
+      dts[i] = rowdot[bh * a.nt + t0 + i];
+    }
+    __syncthreads();
+    float x[8][4], dp[8][4];
+    times_rows<T, kD>(kf, qsh, x);
+    times_rows<T, kD>(vf, gsh, dp);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = e / 2, col = 8 * j + 2 * c + (e & 1);
+        float p = 0.0f, ds = 0.0f;  // a query past T adds nothing
+        if (col < n) {
+          float v = scale * x[j][e];
+          if (a.mask) v += static_cast<float>(widen(at(a.mask, a.ms, b, h, t0 + col)[sc[i] * a.ms.s[3]]));
+          p = expf(v - ls[col]);
+          ds = p * (dp[j][e] - dts[col]);
+        }
+        x[j][e] = p;
+        dp[j][e] = ds;
+      }
+    uint32_t f[mid_terms<T>()][4][4];
+    split_fragments<mid_terms<T>()>(x, f);
+    accumulate_cols<T, kD>(f, gt, av);
+    split_fragments<mid_terms<T>()>(dp, f);
+    accumulate_cols<T, kD>(f, qt, ak);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (sr[i] >= a.ns) continue;
+    const int64_t row = bh * a.ns + sr[i];
+#pragma unroll
+    for (int j = 0; j < kD / 8; ++j)
+      for (int e = 0; e < 2; ++e) {
+        const int d = 8 * j + 2 * c + e;
+        if (d < a.nd) {
+          dk[row * a.nd + d] = round_to<T>(scale * ak[j][2 * i + e]);
+          dv[row * a.nd + d] = round_to<T>(av[j][2 * i + e]);
+        }
+      }
+  }
+}
+
+/// The tensor-core path's kD for head size nd (0: none): bf16 32 or 64, f32 32 (its three
+/// terms of 64 dims would not stay in registers); f16 and f64 take the register path.
+template <class T> int mma_head(int64_t nd) {
+  if constexpr (std::is_same_v<T, bf16>) return nd <= 32 ? 32 : (nd <= 64 ? 64 : 0);
+  else if constexpr (std::is_same_v<T, float>) return nd <= 32 ? 32 : 0;
+  else return 0;
+}
+
+dim3 mma_grid(int64_t bh, int64_t rows) {
+  return dim3(static_cast<unsigned>(bh), static_cast<unsigned>((rows + kMmaRows - 1) / kMmaRows));
+}
+
+/// Launches kKernel with `bytes` of dynamic shared memory. Past the default 48 KB the kernel's
+/// limit is raised first, once per device: on the first launch there, which runs eagerly (a
+/// training step is captured into a CUDA graph only after an eager one).
+template <auto kKernel, class... Args>
+void launch_mma(int bytes, dim3 grid, cudaStream_t st, int ordinal, Args... args) {
+  if (bytes > 48 * 1024) {
+    static std::mutex mu;
+    static std::vector<bool> raised;  // per device ordinal
+    std::lock_guard<std::mutex> g(mu);
+    if (raised.size() <= static_cast<size_t>(ordinal)) raised.resize(static_cast<size_t>(ordinal) + 1);
+    if (!raised[static_cast<size_t>(ordinal)]) {
+      TAPER_CUDA_CHECK(
+          cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+      raised[static_cast<size_t>(ordinal)] = true;
+    }
+  }
+  kKernel<<<grid, kMmaThreads, static_cast<size_t>(bytes), st>>>(args...);
+}
+
+/// The tensor-core forward and backward for head kD (the current device is `ordinal`).
+template <class T, int kD>
+void run_fwd_mma(const AttnArgs<T>& a, T* out, float* lse, cudaStream_t st, int ordinal) {
+  launch_mma<attn_fwd_mma_kernel<T, kD>>(fwd_smem<T, kD>(), mma_grid(a.nb * a.nh, a.nt), st,
+                                         ordinal, a, out, lse);
+}
+template <class T, int kD>
+void run_bwd_mma(const AttnArgs<T>& a, const float* lse, T* dq, T* dk, T* dv, float* rowdot,
+                 cudaStream_t st, int ordinal, const std::vector<Tensor>& in) {
+  launch_mma<attn_bwd_dq_mma_kernel<T, kD>>(dq_smem<T, kD>(), mma_grid(a.nb * a.nh, a.nt), st,
+                                            ordinal, a, lse, dq, rowdot);
+  TAPER_CUDA_CHECK_LAUNCH("attention_bwd", in);
+  if (a.ns > 0) {
+    launch_mma<attn_bwd_dkv_mma_kernel<T, kD>>(dkv_smem<T, kD>(), mma_grid(a.nb * a.nh, a.ns), st,
+                                               ordinal, a, lse, static_cast<const float*>(rowdot),
+                                               dk, dv);
+    TAPER_CUDA_CHECK_LAUNCH("attention_bwd", in);
+  }
+}
+
 /// The register path's kD for head size nd (0: none, the plain kernels): 32 or 64; f64 32 only
 /// (its four rows of 64 doubles would not stay in registers).
 template <class T> int reg_head(int64_t nd) {
@@ -507,6 +1001,17 @@ std::vector<Tensor> attention_kernel(const std::vector<Tensor>& in, const OpAttr
     using T = decltype(tag);
     if constexpr (!std::is_integral_v<T>) {
       const AttnArgs<T> a = make_args<T>(in, attrs);
+      if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, float>) {
+        const int mh = mma_head<T>(a.nd);
+        const int ord = q.device().ordinal();
+        if (mh == 32) run_fwd_mma<T, 32>(a, ptr<T>(out), ptr<float>(lse), st, ord);
+        if constexpr (std::is_same_v<T, bf16>)
+          if (mh == 64) run_fwd_mma<T, 64>(a, ptr<T>(out), ptr<float>(lse), st, ord);
+        if (mh != 0) {
+          TAPER_CUDA_CHECK_LAUNCH("attention", in);
+          return;
+        }
+      }
       const dim3 grid = reg_grid(a.nb * a.nh, a.nt);
       switch (reg_head<T>(a.nd)) {
         case 32:
@@ -553,6 +1058,16 @@ std::vector<Tensor> attention_bwd_kernel(const std::vector<Tensor>& in, const Op
       a.dout = ptr<const T>(in[6]);
       a.dos = strides4(in[6]);
       const C* l = ptr<const C>(in[5]);
+      if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, float>) {
+        const int mh = mma_head<T>(a.nd);
+        const int ord = q.device().ordinal();
+        if (mh == 32)
+          run_bwd_mma<T, 32>(a, l, ptr<T>(dq), ptr<T>(dk), ptr<T>(dv), ptr<C>(rowdot), st, ord, in);
+        if constexpr (std::is_same_v<T, bf16>)
+          if (mh == 64)
+            run_bwd_mma<T, 64>(a, l, ptr<T>(dq), ptr<T>(dk), ptr<T>(dv), ptr<C>(rowdot), st, ord, in);
+        if (mh != 0) return;
+      }
       const int head = reg_head<T>(a.nd);
       const dim3 qgrid = reg_grid(a.nb * a.nh, a.nt), kgrid = reg_grid(a.nb * a.nh, a.ns);
       if (head == 32) {

@@ -31,10 +31,12 @@
 // Every cuBLAS status is checked (TAPER_CUBLAS_CHECK): a failure is a taper::Error naming the
 // call, its status, file:line and the input shapes.
 // What it is not: a GEMM of our own, cuBLASLt epilogues, or integer matmul (not registered).
+#include <cublasLt.h>
 #include <cublas_v2.h>
 
 #include <algorithm>
 #include <climits>
+#include <map>
 #include <cstdint>
 #include <mutex>
 #include <optional>
@@ -68,13 +70,23 @@ namespace {
 
 /// The cuBLAS handle of device `ordinal` (created on first use, bound to stream(ordinal)); also
 /// makes `ordinal` the calling thread's current device.
+/// A device's cuBLAS workspace (32 MiB, what cuBLAS recommends for Hopper), shared by its cuBLAS
+/// handle and the cuBLASLt calls of linear: both run on the device's one stream, in order.
+constexpr size_t kWorkspace = size_t(32) << 20;
+std::vector<void*>& workspaces() {
+  static std::vector<void*>* w = new std::vector<void*>();  // leaked, as the handles
+  return *w;
+}
+
 cublasHandle_t handle(int ordinal, const Tensor& a, const Tensor& b) {
   static std::mutex mu;
   static std::vector<cublasHandle_t>* handles = new std::vector<cublasHandle_t>();  // leaked
   const cudaStream_t s = stream(ordinal);  // checks the ordinal, sets the device
   std::lock_guard<std::mutex> g(mu);
-  if (handles->size() <= static_cast<size_t>(ordinal))
+  if (handles->size() <= static_cast<size_t>(ordinal)) {
     handles->resize(static_cast<size_t>(ordinal) + 1, nullptr);
+    workspaces().resize(static_cast<size_t>(ordinal) + 1, nullptr);
+  }
   cublasHandle_t& h = (*handles)[static_cast<size_t>(ordinal)];
   if (!h) {
     cublasHandle_t nh = nullptr;
@@ -84,10 +96,10 @@ cublasHandle_t handle(int ordinal, const Tensor& a, const Tensor& b) {
       // A workspace of our own, fixed for the handle's life (set after the stream, which resets
       // it): eager calls and calls captured into a cuda::Graph then see the same workspace, so
       // cuBLAS picks the same algorithm and gives the same bits; no allocation happens inside a
-      // capture. 32 MiB, what cuBLAS recommends for Hopper. Leaked with the handle.
-      constexpr size_t kWorkspace = size_t(32) << 20;
+      // capture. Leaked with the handle.
       void* ws = nullptr;
       TAPER_CUDA_CHECK(cudaMalloc(&ws, kWorkspace));
+      workspaces()[static_cast<size_t>(ordinal)] = ws;
       TAPER_CUBLAS_CHECK(cublasSetWorkspace(nh, ws, kWorkspace), a, b);
       TAPER_CUBLAS_CHECK(cublasSetMathMode(nh, static_cast<cublasMath_t>(
                                                    CUBLAS_DEFAULT_MATH |
@@ -335,11 +347,172 @@ std::vector<Tensor> matmul_kernel(const std::vector<Tensor>& in, const OpAttrs&)
   return {c};
 }
 
+// ---- linear: y = x w^T + b in one cuBLASLt call, the bias added in the GEMM's epilogue --------
+// x (R, in) and w (out, in) contiguous (the registry makes them so), b (out) or absent. Column-
+// major, y^T (out x R) = op_T(w as (in x out), ld in) * (x as (in x R), ld in), and the bias is a
+// vector over y^T's rows. The epilogue adds it to the f32 (or f64) sum before the one rounding
+// to y's type, where matmul then add rounds twice. Split-K partials stay in the compute type
+// (reduction schemes NONE or COMPUTE_TYPE only), as the handle's math mode asks of cublasGemmEx.
+// Plans (descriptors and the heuristic's algorithm) are cached per shape, dtype, TF32 setting and
+// pointer alignment, so a call costs no heuristic query after the first and a captured call uses
+// the eager call's algorithm.
+
+[[noreturn]] void throw_lt_error(cublasStatus_t st, const char* call, int line, const Tensor& x,
+                                 const Tensor& w) {
+  throw Error(detail::str_cat("linear: cuBLASLt error ", cublasGetStatusName(st), " (",
+                              cublasGetStatusString(st), ") in ", call, " at ", __FILE__, ":",
+                              line, " (inputs: ", x.shape().to_string(), " ",
+                              dtype_name(x.dtype()), " x ", w.shape().to_string(), " ",
+                              dtype_name(w.dtype()), ")"));
+}
+#define TAPER_LT_CHECK(call)                                                   \
+  do {                                                                         \
+    const cublasStatus_t taper_st_ = (call);                                   \
+    if (taper_st_ != CUBLAS_STATUS_SUCCESS)                                    \
+      throw_lt_error(taper_st_, #call, __LINE__, x, w);                        \
+  } while (0)
+
+/// The largest power of two (at most 256) that divides the address.
+uint32_t alignment(const void* p) {
+  const auto v = reinterpret_cast<uintptr_t>(p);
+  uint32_t a = 256;
+  while (a > 1 && v % a != 0) a /= 2;
+  return a;
+}
+
+struct LtKey {
+  int ordinal;
+  DType dt;
+  bool tf32, bias;
+  int64_t rows, in, out;
+  uint32_t align;  ///< the least alignment of x, w, y and b
+  auto operator<=>(const LtKey&) const = default;
+};
+
+struct LtPlan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t lw = nullptr, lx = nullptr, ly = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+cublasLtHandle_t lt_handle(int ordinal, const Tensor& x, const Tensor& w) {
+  static std::vector<cublasLtHandle_t>* handles = new std::vector<cublasLtHandle_t>();  // leaked
+  if (handles->size() <= static_cast<size_t>(ordinal))
+    handles->resize(static_cast<size_t>(ordinal) + 1, nullptr);
+  cublasLtHandle_t& h = (*handles)[static_cast<size_t>(ordinal)];
+  if (!h) TAPER_LT_CHECK(cublasLtCreate(&h));
+  return h;
+}
+
+/// Fills every row of y (rows x out) with b, or zeros without b: x w^T + b with in == 0.
+template <class T> __global__ void bias_rows_kernel(T* y, const T* b, int64_t rows, int64_t out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows * out;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] = b ? b[i % out] : T{};
+}
+
+std::vector<Tensor> linear_kernel(const std::vector<Tensor>& in, const OpAttrs&) {
+  const Tensor& x = in[0];
+  const Tensor& w = in[1];
+  const bool has_b = present(in, 2);
+  TAPER_ASSERT(x.rank() == 2 && w.rank() == 2 && x.dim(1) == w.dim(1));
+  const int64_t rows = static_cast<int64_t>(x.dim(0)), k = static_cast<int64_t>(x.dim(1));
+  const int64_t out = static_cast<int64_t>(w.dim(0));
+  Tensor y = new_output(Shape({x.dim(0), w.dim(0)}), x.dtype(), x);
+  if (y.elem_count() == 0) return {y};
+  const int ord = y.device().ordinal();
+  const cudaStream_t st = stream(ord);
+  if (k == 0) {  // an empty sum: the bias in every row
+    visit_dtype(y.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      bias_rows_kernel<T><<<grid_for(y.elem_count(), ord), kThreads, 0, st>>>(
+          ptr<T>(y), has_b ? ptr<const T>(in[2]) : nullptr, rows, out);
+    });
+    TAPER_CUDA_CHECK_LAUNCH("linear", in);
+    return {y};
+  }
+  (void)handle(ord, x, w);  // the device's workspace
+  const GemmTypes ty = gemm_types(y.dtype());
+  const bool f64 = ty.compute == CUBLAS_COMPUTE_64F;
+  uint32_t align = std::min({alignment(x.data_ptr()), alignment(w.data_ptr()),
+                             alignment(y.data_ptr())});
+  if (has_b) align = std::min(align, alignment(in[2].data_ptr()));
+  const LtKey key{ord, y.dtype(), ty.compute == CUBLAS_COMPUTE_32F_FAST_TF32, has_b, rows, k, out,
+                  align};
+  static std::mutex mu;
+  static std::map<LtKey, LtPlan>* plans = new std::map<LtKey, LtPlan>();  // leaked
+  std::lock_guard<std::mutex> g(mu);
+  const cublasLtHandle_t lt = lt_handle(ord, x, w);
+  auto it = plans->find(key);
+  if (it == plans->end()) {
+    LtPlan p;
+    const cudaDataType_t scale = f64 ? CUDA_R_64F : CUDA_R_32F;
+    TAPER_LT_CHECK(cublasLtMatmulDescCreate(&p.desc, ty.compute, scale));
+    const cublasOperation_t opt = CUBLAS_OP_T, opn = CUBLAS_OP_N;
+    TAPER_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opt, sizeof(opt)));
+    TAPER_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opn, sizeof(opn)));
+    const cublasLtEpilogue_t epi = has_b ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    TAPER_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    if (has_b) {
+      const void* bp = in[2].data_ptr();
+      TAPER_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)));
+    }
+    TAPER_LT_CHECK(cublasLtMatrixLayoutCreate(&p.lw, ty.data, static_cast<uint64_t>(k),
+                                              static_cast<uint64_t>(out), k));
+    TAPER_LT_CHECK(cublasLtMatrixLayoutCreate(&p.lx, ty.data, static_cast<uint64_t>(k),
+                                              static_cast<uint64_t>(rows), k));
+    TAPER_LT_CHECK(cublasLtMatrixLayoutCreate(&p.ly, ty.data, static_cast<uint64_t>(out),
+                                              static_cast<uint64_t>(rows), out));
+    cublasLtMatmulPreference_t pref = nullptr;
+    TAPER_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t ws = kWorkspace;
+    const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    cublasLtMatmulHeuristicResult_t res{};
+    int found = 0;
+    cublasStatus_t hs = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+    if (hs == CUBLAS_STATUS_SUCCESS)
+      hs = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof(schemes));
+    for (cublasLtMatmulPreferenceAttributes_t at :
+         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+      if (hs == CUBLAS_STATUS_SUCCESS)
+        hs = cublasLtMatmulPreferenceSetAttribute(pref, at, &align, sizeof(align));
+    if (hs == CUBLAS_STATUS_SUCCESS)
+      hs = cublasLtMatmulAlgoGetHeuristic(lt, p.desc, p.lw, p.lx, p.ly, p.ly, pref, 1, &res, &found);
+    (void)cublasLtMatmulPreferenceDestroy(pref);
+    TAPER_LT_CHECK(hs);
+    TAPER_CHECK(found > 0, "linear: cuBLASLt has no algorithm for ", x.shape().to_string(), " x ",
+                w.shape().to_string(), "^T ", dtype_name(x.dtype()), has_b ? " with" : " without",
+                " a bias");
+    p.algo = res.algo;
+    it = plans->emplace(key, p).first;
+  }
+  LtPlan& p = it->second;
+  if (has_b) {
+    const void* bp = in[2].data_ptr();
+    TAPER_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)));
+  }
+  const float one_f = 1.0f, zero_f = 0.0f;
+  const double one_d = 1.0, zero_d = 0.0;
+  const void* alpha = f64 ? static_cast<const void*>(&one_d) : static_cast<const void*>(&one_f);
+  const void* beta = f64 ? static_cast<const void*>(&zero_d) : static_cast<const void*>(&zero_f);
+  TAPER_LT_CHECK(cublasLtMatmul(lt, p.desc, alpha, w.data_ptr(), p.lw, x.data_ptr(), p.lx, beta,
+                                y.data_ptr(), p.ly, y.data_ptr(), p.ly, &p.algo,
+                                workspaces()[static_cast<size_t>(ord)], kWorkspace, st));
+  return {y};
+}
+#undef TAPER_LT_CHECK
+
 // Strided operands are read in place where cuBLAS can; the kernel copies the rest itself.
 struct MatmulRegistrar {
   MatmulRegistrar() {
     register_kernel(OpId::matmul, DeviceKind::Cuda, kFloatDTypes, &matmul_kernel,
                     /*needs_contiguous=*/false);
+    // f64 takes linear's composed form (matmul, then add).
+    register_kernel(OpId::linear, DeviceKind::Cuda,
+                    dtype_bit(DType::BF16) | dtype_bit(DType::F16) | dtype_bit(DType::F32),
+                    &linear_kernel,
+                    /*needs_contiguous=*/true);
   }
 };
 const MatmulRegistrar g_matmul_registrar;

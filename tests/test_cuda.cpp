@@ -2302,6 +2302,50 @@ TEST_F(CudaAttention, SpecialRowsMatchTheCpu) {
     }
 }
 
+// bf16 (D <= 64) and f32 (D <= 32) take the tensor-core path: every operand enters as exact
+// bf16 terms (f32 tensors as three), the probabilities and score gradients as two (bf16) or three
+// (f32). So bf16 results are the exact ones rounded once, at test_fused_grad.cpp's floor against
+// the f64 kernels fed the same (widened) inputs, and f32 results are within 128 f32 units of the
+// largest value. An operand or P rounded to one bf16 term would be ~2^-9 off: past both bounds.
+TEST_F(CudaAttention, TensorCorePathKeepsF32Precision) {
+  for (DType dt : {DType::BF16, DType::F32})
+    for (size_t D : {size_t{32}, size_t{40}, size_t{64}})
+      for (size_t S : {size_t{37}, size_t{200}}) {
+        if (dt == DType::F32 && D > 32) continue;  // f32's larger heads: the register path
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " D=" + std::to_string(D) +
+                     " S=" + std::to_string(S));
+        const auto [q, k, v, dout, mask] = attention_case(dt, 90, S, D, 41);
+        const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+        auto f64 = [](const Tensor& x) { return x.to_dtype(DType::F64); };
+        auto near = [&](const std::vector<double>& got, const std::vector<double>& ref) {
+          if (dt == DType::BF16) return at_rounding_floor(got, ref, dt);
+          double mx = 0;
+          for (double r : ref) mx = std::max(mx, std::abs(r));
+          return all_close(got, ref, 0.0, 128 * unit_roundoff(dt) * mx);
+        };
+        const auto gpu = attention_outputs(
+            DeviceKind::Cuda,
+            {q.to_device(kGpu), k.to_device(kGpu), v.to_device(kGpu), mask.to_device(kGpu)}, scale);
+        const auto ref = attention_outputs(DeviceKind::Cpu, {f64(q), f64(k), f64(v), f64(mask)}, scale);
+        EXPECT_TRUE(near(values(gpu[0].to_device(kCpu)), values(ref[0]))) << "out";
+        EXPECT_TRUE(all_close(values(gpu[1].to_device(kCpu)), values(ref[1]), 1e-5, 1e-5)) << "lse";
+        // The backward from the GPU's own forward outputs, against f64 from the same values.
+        OpAttrs a;
+        a.f0 = scale;
+        const std::vector<Tensor> in = {q, k, v, mask, gpu[0].to_device(kCpu),
+                                        gpu[1].to_device(kCpu), dout};
+        std::vector<Tensor> gin, fin;
+        for (const Tensor& t : in) {
+          gin.push_back(t.to_device(kGpu));
+          fin.push_back(f64(t));
+        }
+        const auto gb = dispatch(OpId::attention_bwd, gin, a);
+        const auto fb = dispatch(OpId::attention_bwd, fin, a);
+        for (size_t i = 0; i < 3; ++i)
+          EXPECT_TRUE(near(values(gb[i].to_device(kCpu)), values(fb[i]))) << i;
+      }
+}
+
 // Through autograd: the model's attention (ops::attention with a padding mask) on the GPU gives
 // the CPU's output and gradients.
 TEST_F(CudaAttention, AutogradMatchesTheCpu) {
@@ -2325,6 +2369,50 @@ TEST_F(CudaAttention, AutogradMatchesTheCpu) {
     const double tol = dt == DType::F32 ? 1e-4 : 3e-2;
     for (size_t i = 0; i < c.size(); ++i) EXPECT_TRUE(all_close(g[i], c[i], tol, tol)) << i;
   }
+}
+
+// ---- linear (cuBLASLt, the bias in the epilogue) ---------------------------------------------
+
+class CudaLinear : public OnCuda<::testing::Test> {};
+
+// bf16/f16: the f32 sum plus the bias rounded once, at test_fused_grad.cpp's floor against f64
+// (matmul-then-add's second rounding would not be, where the bias cancels the product); f32:
+// within f32 sums of the CPU. Shapes: odd rows, the model's (rows, 384) -> 1536, no bias, a
+// strided x, leading dims, an empty inner dim (the bias alone).
+TEST_F(CudaLinear, MatchesTheCpuAndRoundsOnce) {
+  for (DType dt : {DType::BF16, DType::F16, DType::F32, DType::F64})
+    for (const auto& [r, i, o] : std::vector<std::array<size_t, 3>>{
+             {37, 70, 50}, {1024, 384, 1536}, {5, 3, 1}, {3, 0, 4}}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " " + std::to_string(r) + "x" +
+                   std::to_string(i) + "->" + std::to_string(o));
+      const Tensor x = random_tensor({r, i}, dt, 51), w = random_tensor({o, i}, dt, 52);
+      const Tensor b = random_tensor({o}, dt, 53, -20.0, 20.0);
+      for (bool with_b : {true, false}) {
+        const Tensor bb = with_b ? b : Tensor();
+        const std::vector<double> g = values(ops::linear(x.to_device(kGpu), w.to_device(kGpu),
+                                                         with_b ? b.to_device(kGpu) : Tensor())
+                                                 .to_device(kCpu));
+        const auto f64 = [](const Tensor& t) { return t.to_dtype(DType::F64); };
+        const std::vector<double> ref =
+            values(ops::linear(f64(x), f64(w), with_b ? f64(b) : Tensor()));
+        if (is_half(dt)) {
+          EXPECT_TRUE(at_rounding_floor(g, ref, dt)) << "bias " << with_b;
+        } else {
+          EXPECT_TRUE(all_close(g, values(ops::linear(x, w, bb)), dt == DType::F32 ? 1e-5 : 1e-12,
+                                dt == DType::F32 ? 1e-4 : 1e-10))
+              << "bias " << with_b;
+        }
+      }
+    }
+  // A strided x (a transposed view) and leading dims.
+  const Tensor xt = random_tensor({70, 37}, DType::BF16, 54).t();
+  const Tensor w = random_tensor({50, 70}, DType::BF16, 55), b = random_tensor({50}, DType::BF16, 56);
+  EXPECT_EQ(values(ops::linear(xt.to_device(kGpu), w.to_device(kGpu), b.to_device(kGpu)).to_device(kCpu)),
+            values(ops::linear(xt.contiguous().to_device(kGpu), w.to_device(kGpu), b.to_device(kGpu))
+                       .to_device(kCpu)));
+  const Tensor x3 = random_tensor({2, 9, 70}, DType::BF16, 57);
+  EXPECT_EQ(ops::linear(x3.to_device(kGpu), w.to_device(kGpu), b.to_device(kGpu)).shape(),
+            Shape({2, 9, 50}));
 }
 
 // ---- adamw_step (looked up by name: the optim family is younger than this suite) -------------
@@ -2489,7 +2577,7 @@ std::set<std::string_view> tested_ops() {
                   OpId::log_softmax_last_dim_bwd, OpId::rms_norm, OpId::layer_norm,
                   OpId::group_norm, OpId::rms_norm_bwd, OpId::layer_norm_bwd,
                   OpId::group_norm_bwd, OpId::gelu_erf_bwd, OpId::attention,
-                  OpId::attention_bwd})
+                  OpId::attention_bwd, OpId::linear})
     s.insert(op_name(op));
   s.insert("adamw_step");
   return s;

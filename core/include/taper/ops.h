@@ -34,9 +34,10 @@ Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps)
 Tensor group_norm(const Tensor& x, size_t num_groups, const Tensor& w, const Tensor& b,
                   double eps);
 /// Fused linear layer: x w^T + b, the bias added before the one rounding where the device has a
-/// linear kernel (the CPU's), else matmul then add (in bf16/f16 two roundings). x: (..., in),
-/// w: (out, in), b: (out) or undefined/empty for none, all of one float dtype and device. The
-/// result is (..., out). Differentiable in x, w and b.
+/// linear kernel (the CPU's; CUDA's for bf16/f16/f32, cuBLASLt's bias epilogue), else matmul
+/// then add (in bf16/f16 two roundings). x: (..., in), w: (out, in), b: (out) or
+/// undefined/empty for none, all of one float dtype and device. The result is (..., out).
+/// Differentiable in x, w and b.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b);
 /// Fused scaled dot-product attention: softmax(scale * q k^T + mask) v over the last dim, the
 /// row max subtracted first, without materialising the (B, H, T, S) scores. q: (B, H, T, D),
