@@ -46,6 +46,7 @@ template <class T> struct AttnArgs {
   const T* o;     ///< backward: the forward output
   const T* dout;  ///< backward
   Strides4 qs, ks, vs, ms, os, dos;
+  bool vq, vk, vv, vdo;  ///< the tensor-core path may read q, k, v, dout rows 16 bytes a load
   int64_t nb, nh, nt, ns, nd;  ///< B, H, T, S, D
   double scale;
 };
@@ -523,27 +524,71 @@ __device__ __forceinline__ void split_fragments(const float (&x)[8][4], uint32_t
     }
 }
 
-/// Stages rows r0 .. r0 + 63 of x (0 past n rows or nd dims) as in_terms<T>() bf16 planes:
-/// sh[p * row_plane + j * row_ld + d], or with kTransposed sh[p * col_plane + d * kTileLd + j].
-template <class T, int kD, bool kTransposed>
-__device__ __forceinline__ void stage_terms(uint16_t* sh, const T* x, const Strides4& st,
-                                            int64_t b, int64_t h, int64_t r0, int64_t n,
-                                            int64_t nd) {
+/// Stores the in_terms<T>() bf16 terms of element (j, d) of a tile into the row tile
+/// rows[p * row_plane + j * row_ld + d] and/or the transposed tile
+/// cols[p * col_plane + d * kTileLd + j] (either may be null).
+template <class T, int kD>
+__device__ __forceinline__ void store_terms(uint16_t* rows, uint16_t* cols, int j, int d, T v) {
   constexpr int kTerms = in_terms<T>();
-  for (int e = threadIdx.x; e < kMmaTile * kD; e += blockDim.x) {
-    const int j = e / kD, d = e % kD;
-    uint16_t t[kTerms] = {};
-    if (j < n && d < nd) {
-      const T v = at(x, st, b, h, r0 + j)[d * st.s[3]];
-      if constexpr (std::is_same_v<T, bf16>) t[0] = v.bits;
-      else split_terms<kTerms>(v, t);
-    }
+  uint16_t t[kTerms];
+  if constexpr (std::is_same_v<T, bf16>) t[0] = v.bits;
+  else split_terms<kTerms>(v, t);
 #pragma unroll
-    for (int p = 0; p < kTerms; ++p) {
-      if constexpr (kTransposed) sh[p * col_plane<kD>() + d * kTileLd + j] = t[p];
-      else sh[p * row_plane<kD>() + j * row_ld<kD>() + d] = t[p];
-    }
+  for (int p = 0; p < kTerms; ++p) {
+    if (rows) rows[p * row_plane<kD>() + j * row_ld<kD>() + d] = t[p];
+    if (cols) cols[p * col_plane<kD>() + d * kTileLd + j] = t[p];
   }
+}
+
+/// Stages rows r0 .. r0 + 63 of x (0 past n rows or nd dims) into a row tile and/or a
+/// transposed tile (store_terms), from one read of x. Where `vec` (unit dim stride, 16-byte
+/// aligned rows, nd a multiple of the vector) each thread reads 16 bytes a load and issues all
+/// its loads before it stores any; else element by element.
+template <class T, int kD>
+__device__ __forceinline__ void stage_tile(uint16_t* rows, uint16_t* cols, const T* x,
+                                           const Strides4& st, bool vec, int64_t b, int64_t h,
+                                           int64_t r0, int64_t n, int64_t nd) {
+  if (!vec) {
+    for (int e = threadIdx.x; e < kMmaTile * kD; e += blockDim.x) {
+      const int j = e / kD, d = e % kD;
+      store_terms<T, kD>(rows, cols, j, d, j < n && d < nd ? at(x, st, b, h, r0 + j)[d * st.s[3]] : T{});
+    }
+    return;
+  }
+  constexpr int kV = 16 / static_cast<int>(sizeof(T));  ///< elements per 16-byte load
+  constexpr int kPerRow = kD / kV;
+  constexpr int kLoads = kMmaTile * kPerRow / kMmaThreads;  ///< loads per thread
+  static_assert(kLoads * kMmaThreads == kMmaTile * kPerRow, "the tile splits evenly");
+  uint4 w[kLoads];
+#pragma unroll
+  for (int u = 0; u < kLoads; ++u) {
+    const int e = static_cast<int>(threadIdx.x) + u * kMmaThreads;
+    const int j = e / kPerRow, d0 = e % kPerRow * kV;
+    w[u] = make_uint4(0, 0, 0, 0);
+    if (j < n && d0 < nd) w[u] = *reinterpret_cast<const uint4*>(at(x, st, b, h, r0 + j) + d0);
+  }
+#pragma unroll
+  for (int u = 0; u < kLoads; ++u) {
+    const int e = static_cast<int>(threadIdx.x) + u * kMmaThreads;
+    const int j = e / kPerRow, d0 = e % kPerRow * kV;
+    if (std::is_same_v<T, bf16> && rows && !cols) {  // one term: the 16 bytes as they are
+      memcpy(rows + j * row_ld<kD>() + d0, &w[u], sizeof(w[u]));
+      continue;
+    }
+    T v[kV];
+    memcpy(v, &w[u], sizeof(v));
+#pragma unroll
+    for (int k = 0; k < kV; ++k) store_terms<T, kD>(rows, cols, j, d0 + k, v[k]);
+  }
+}
+
+/// Whether stage_tile may read t's rows 16 bytes at a time.
+bool vec_rows(const Tensor& t) {
+  const int64_t v = 16 / static_cast<int64_t>(dtype_size(t.dtype()));
+  if (t.rank() != 4 || t.strides()[3] != 1 || t.dim(3) % v != 0) return false;
+  for (size_t i = 0; i < 3; ++i)
+    if (t.dim(static_cast<int64_t>(i)) > 1 && t.strides()[i] % v != 0) return false;
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
 }
 
 /// A fragments (every term) of the 16 rows of a staged row tile starting at row r.
@@ -647,7 +692,7 @@ __global__ void __launch_bounds__(kMmaThreads) attn_fwd_mma_kernel(AttnArgs<T> a
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   const int64_t bh = blockIdx.x, b = bh / a.nh, h = bh % a.nh;
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kMmaRows;
-  stage_terms<T, kD, false>(ksh, a.q, a.qs, b, h, t0, a.nt - t0, a.nd);
+  stage_tile<T, kD>(ksh, nullptr, a.q, a.qs, a.vq, b, h, t0, a.nt - t0, a.nd);
   __syncthreads();
   uint32_t qf[in_terms<T>()][kD / 16][4];
   row_fragments<T, kD>(ksh, 16 * warp, qf);
@@ -661,8 +706,8 @@ __global__ void __launch_bounds__(kMmaThreads) attn_fwd_mma_kernel(AttnArgs<T> a
   for (int64_t s0 = 0; s0 < a.ns; s0 += kMmaTile) {
     const int n = static_cast<int>(a.ns - s0 < kMmaTile ? a.ns - s0 : kMmaTile);
     __syncthreads();  // every warp is done with the previous tile (and with q's staging)
-    stage_terms<T, kD, false>(ksh, a.k, a.ks, b, h, s0, n, a.nd);
-    stage_terms<T, kD, true>(vt, a.v, a.vs, b, h, s0, n, a.nd);
+    stage_tile<T, kD>(ksh, nullptr, a.k, a.ks, a.vk, b, h, s0, n, a.nd);
+    stage_tile<T, kD>(nullptr, vt, a.v, a.vs, a.vv, b, h, s0, n, a.nd);
     __syncthreads();
     float x[8][4];
     times_rows<T, kD>(qf, ksh, x);
@@ -742,8 +787,8 @@ __global__ void __launch_bounds__(kMmaThreads) attn_bwd_dq_mma_kernel(AttnArgs<T
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   const int64_t bh = blockIdx.x, b = bh / a.nh, h = bh % a.nh;
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kMmaRows;
-  stage_terms<T, kD, false>(ksh, a.q, a.qs, b, h, t0, a.nt - t0, a.nd);
-  stage_terms<T, kD, false>(vsh, a.dout, a.dos, b, h, t0, a.nt - t0, a.nd);
+  stage_tile<T, kD>(ksh, nullptr, a.q, a.qs, a.vq, b, h, t0, a.nt - t0, a.nd);
+  stage_tile<T, kD>(vsh, nullptr, a.dout, a.dos, a.vdo, b, h, t0, a.nt - t0, a.nd);
   __syncthreads();
   uint32_t qf[in_terms<T>()][kD / 16][4], gf[in_terms<T>()][kD / 16][4];
   row_fragments<T, kD>(ksh, 16 * warp, qf);
@@ -771,9 +816,8 @@ __global__ void __launch_bounds__(kMmaThreads) attn_bwd_dq_mma_kernel(AttnArgs<T
   for (int64_t s0 = 0; s0 < a.ns; s0 += kMmaTile) {
     const int n = static_cast<int>(a.ns - s0 < kMmaTile ? a.ns - s0 : kMmaTile);
     __syncthreads();
-    stage_terms<T, kD, false>(ksh, a.k, a.ks, b, h, s0, n, a.nd);
-    stage_terms<T, kD, false>(vsh, a.v, a.vs, b, h, s0, n, a.nd);
-    stage_terms<T, kD, true>(kt, a.k, a.ks, b, h, s0, n, a.nd);
+    stage_tile<T, kD>(ksh, kt, a.k, a.ks, a.vk, b, h, s0, n, a.nd);
+    stage_tile<T, kD>(vsh, nullptr, a.v, a.vs, a.vv, b, h, s0, n, a.nd);
     __syncthreads();
     float x[8][4], dp[8][4];
     times_rows<T, kD>(qf, ksh, x);
@@ -827,8 +871,8 @@ __global__ void __launch_bounds__(kMmaThreads) attn_bwd_dkv_mma_kernel(AttnArgs<
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   const int64_t bh = blockIdx.x, b = bh / a.nh, h = bh % a.nh;
   const int64_t s0 = static_cast<int64_t>(blockIdx.y) * kMmaRows;
-  stage_terms<T, kD, false>(qsh, a.k, a.ks, b, h, s0, a.ns - s0, a.nd);
-  stage_terms<T, kD, false>(gsh, a.v, a.vs, b, h, s0, a.ns - s0, a.nd);
+  stage_tile<T, kD>(qsh, nullptr, a.k, a.ks, a.vk, b, h, s0, a.ns - s0, a.nd);
+  stage_tile<T, kD>(gsh, nullptr, a.v, a.vs, a.vv, b, h, s0, a.ns - s0, a.nd);
   __syncthreads();
   uint32_t kf[kIn][kD / 16][4], vf[kIn][kD / 16][4];
   row_fragments<T, kD>(qsh, 16 * warp, kf);
@@ -840,10 +884,8 @@ __global__ void __launch_bounds__(kMmaThreads) attn_bwd_dkv_mma_kernel(AttnArgs<
   for (int64_t t0 = 0; t0 < a.nt; t0 += kMmaTile) {
     const int n = static_cast<int>(a.nt - t0 < kMmaTile ? a.nt - t0 : kMmaTile);
     __syncthreads();
-    stage_terms<T, kD, false>(qsh, a.q, a.qs, b, h, t0, n, a.nd);
-    stage_terms<T, kD, false>(gsh, a.dout, a.dos, b, h, t0, n, a.nd);
-    stage_terms<T, kD, true>(qt, a.q, a.qs, b, h, t0, n, a.nd);
-    stage_terms<T, kD, true>(gt, a.dout, a.dos, b, h, t0, n, a.nd);
+    stage_tile<T, kD>(qsh, qt, a.q, a.qs, a.vq, b, h, t0, n, a.nd);
+    stage_tile<T, kD>(gsh, gt, a.dout, a.dos, a.vdo, b, h, t0, n, a.nd);
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
       ls[i] = lse[bh * a.nt + t0 + i];
       dts[i] = rowdot[bh * a.nt + t0 + i];
@@ -975,6 +1017,9 @@ template <class T> AttnArgs<T> make_args(const std::vector<Tensor>& in, const Op
   a.qs = strides4(q);
   a.ks = strides4(k);
   a.vs = strides4(v);
+  a.vq = vec_rows(q);
+  a.vk = vec_rows(k);
+  a.vv = vec_rows(v);
   if (present(in, 3)) {
     a.mask = ptr<const T>(in[3]);
     a.ms = mask_strides(in[3]);
@@ -1057,6 +1102,7 @@ std::vector<Tensor> attention_bwd_kernel(const std::vector<Tensor>& in, const Op
       a.os = strides4(in[4]);
       a.dout = ptr<const T>(in[6]);
       a.dos = strides4(in[6]);
+      a.vdo = vec_rows(in[6]);
       const C* l = ptr<const C>(in[5]);
       if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, float>) {
         const int mh = mma_head<T>(a.nd);
