@@ -15,8 +15,11 @@
 //
 // Shapes: q (B, H, T, D), k and v (B, H, S, D), any strides; mask additive, broadcastable to
 // (B, H, T, S) (read through strides, 0 along broadcast dims) or absent; out (B, H, T, D) and
-// lse (B, H, T) contiguous, lse = max + log(sum exp(score - max)) per query row in the compute
-// type; the backward adds dout (B, H, T, D) and returns dq, dk, dv contiguous in q's dtype.
+// lse (B, H, T), lse = max + log(sum exp(score - max)) per query row in the compute type; the
+// backward adds dout (B, H, T, D) and returns dq, dk, dv in q's dtype. out, dq, dk and dv are
+// stored token major: (B, T or S, H, D) buffers returned as (B, H, T or S, D) views, so that
+// merging the heads back, (B, T, H D), is a view and not a copy (as the model does); lse is
+// contiguous.
 // Precision: bf16/f16 load to f32, everything is f32 (the exp is ExpNoSubnormal of
 // simd_exp-inl.h, within 2 ulp), and each output is rounded once at the store; f64 is f64
 // throughout. Forward: out = (sum_s e_s v_s) / sum_s e_s, e_s = exp(score_s - max).
@@ -55,10 +58,10 @@ struct Job {
   const void* dout = nullptr;  ///< backward
   const void* o = nullptr;     ///< backward: the forward output (any strides)
   int64_t qs[4] = {}, ks[4] = {}, vs[4] = {}, ms[4] = {}, dos[4] = {}, os[4] = {};
-  void* out = nullptr;         ///< forward: out; backward: dq (contiguous)
+  void* out = nullptr;         ///< forward: out; backward: dq (token major: TokRow)
   void* lse = nullptr;         ///< forward writes, backward reads (contiguous, compute type)
-  void* dk = nullptr;          ///< backward (contiguous)
-  void* dv = nullptr;          ///< backward (contiguous)
+  void* dk = nullptr;          ///< backward (token major)
+  void* dv = nullptr;          ///< backward (token major)
 };
 
 }  // namespace taper::cpu::attention_detail
@@ -195,6 +198,11 @@ template <class T> const T* At(const void* p, const int64_t* st, size_t b, size_
          static_cast<int64_t>(h) * st[1] + static_cast<int64_t>(t) * st[2];
 }
 
+/// Offset of row r (of n: T or S) of head (b, h) in a token-major output, (B, n, H, D).
+inline size_t TokRow(const ad::Job& j, size_t b, size_t h, size_t r, size_t n) {
+  return ((b * n + r) * j.H + h) * j.D;
+}
+
 template <class T> void FwdHeads(const ad::Job& j, size_t begin, size_t end) {
   using C = compute_t<T>;
   const size_t S = j.S, D = j.D, Sp = Padded<C>(S), Dp = Padded<C>(D);
@@ -210,7 +218,7 @@ template <class T> void FwdHeads(const ad::Job& j, size_t begin, size_t end) {
     LoadHead<T>(At<T>(j.k, j.ks, b, h, 0), j.ks, S, D, Sp, Dp, kt, nullptr);
     LoadHead<T>(At<T>(j.v, j.vs, b, h, 0), j.vs, S, D, Sp, Dp, nullptr, vr);
     for (size_t t = 0; t < j.T; ++t) {
-      T* orow = out + (bh * j.T + t) * D;
+      T* orow = out + TokRow(j, b, h, t, j.T);
       if (S == 0) {  // an empty sum: 0, as the composed matmul gives
         std::fill(orow, orow + D, round_to<T>(C(0)));
         lse[bh * j.T + t] = -std::numeric_limits<C>::infinity();
@@ -256,8 +264,10 @@ template <class T> void BwdHeads(const ad::Job& j, size_t begin, size_t end) {
   for (size_t bh = begin; bh < end; ++bh) {
     const size_t b = bh / j.H, h = bh % j.H;
     if (S == 0) {  // no keys: dq is an empty sum; dk, dv are empty
-      T* dqh = dqo + bh * j.T * D;
-      std::fill(dqh, dqh + j.T * D, round_to<T>(C(0)));
+      for (size_t t = 0; t < j.T; ++t) {
+        T* dqrow = dqo + TokRow(j, b, h, t, j.T);
+        std::fill(dqrow, dqrow + D, round_to<T>(C(0)));
+      }
       continue;
     }
     LoadHead<T>(At<T>(j.k, j.ks, b, h, 0), j.ks, S, D, Sp, Dp, kt, kr);
@@ -284,7 +294,7 @@ template <class T> void BwdHeads(const ad::Job& j, size_t begin, size_t end) {
         RowTimesRows(go, D, vt, Sp, ds, Sp);       // dP = dout . v_s
         for (size_t s = 0; s < S; ++s) ds[s] = p[s] * (ds[s] - rowdot);
         RowTimesRows(ds, S, kr, Dp, dq, Dp);       // dq = scale sum_s dS_s k_s
-        T* dqrow = dqo + (bh * j.T + t) * D;
+        T* dqrow = dqo + TokRow(j, b, h, t, j.T);
         for (size_t d = 0; d < D; ++d) dqrow[d] = round_to<T>(scale * dq[d]);
       }
       // dk_s += sum_t dS_ts q_t, dv_s += sum_t P_ts dout_t over the block, in t order.
@@ -294,8 +304,8 @@ template <class T> void BwdHeads(const ad::Job& j, size_t begin, size_t end) {
       }
     }
     for (size_t s = 0; s < S; ++s) {
-      T* dkrow = dko + (bh * S + s) * D;
-      T* dvrow = dvo + (bh * S + s) * D;
+      T* dkrow = dko + TokRow(j, b, h, s, S);
+      T* dvrow = dvo + TokRow(j, b, h, s, S);
       for (size_t d = 0; d < D; ++d) {
         dkrow[d] = round_to<T>(scale * dka[s * Dp + d]);
         dvrow[d] = round_to<T>(dva[s * Dp + d]);
@@ -378,10 +388,16 @@ void run(const Job& j, bool bwd) {
   });
 }
 
+/// A new (B, H, n, D) output shaped as x, stored token major (TokRow).
+Tensor token_major(const Tensor& x) {
+  return new_output(Shape({x.dim(0), x.dim(2), x.dim(1), x.dim(3)}), x.dtype())
+      .permute({0, 2, 1, 3});
+}
+
 /// in = {q, k, v, mask or undefined}, attrs.f0 = scale. Returns {out, lse}.
 std::vector<Tensor> attention_kernel(const std::vector<Tensor>& in, const OpAttrs& a) {
   Job j = make_job(in, a);
-  Tensor out = new_output(in[0].shape(), in[0].dtype());
+  Tensor out = token_major(in[0]);
   Tensor lse = new_output(Shape({j.B, j.H, j.T}), stat_dtype(in[0].dtype()));
   j.out = out.data_ptr();
   j.lse = lse.data_ptr();
@@ -397,9 +413,9 @@ std::vector<Tensor> attention_bwd_kernel(const std::vector<Tensor>& in, const Op
   TAPER_ASSERT(o.dtype() == in[0].dtype() && dout.dtype() == in[0].dtype());
   TAPER_ASSERT(lse.dtype() == stat_dtype(in[0].dtype()) && lse.elem_count() == j.B * j.H * j.T);
   const Tensor lc = lse.is_contiguous() ? lse : lse.detach().contiguous();
-  Tensor dq = new_output(in[0].shape(), in[0].dtype());
-  Tensor dk = new_output(in[1].shape(), in[1].dtype());
-  Tensor dv = new_output(in[2].shape(), in[2].dtype());
+  Tensor dq = token_major(in[0]);
+  Tensor dk = token_major(in[1]);
+  Tensor dv = token_major(in[2]);
   j.o = o.data_ptr();
   j.dout = dout.data_ptr();
   strides4(o, j.os);

@@ -57,6 +57,14 @@ __device__ __forceinline__ const T* at(const T* p, const Strides4& st, int64_t b
   return p + b * st.s[0] + h * st.s[1] + r * st.s[2];
 }
 
+/// Offset of row r (of n: T query rows or S key rows) of head (b, h) in an output stored token
+/// major, (B, n, H, D) contiguous: out, dq, dk and dv, which the op returns as (B, H, n, D) views,
+/// so that merging the heads back, (B, n, H D), is a view too.
+__device__ __forceinline__ int64_t tok_row(int64_t b, int64_t h, int64_t r, int64_t n, int64_t nh,
+                                           int64_t nd) {
+  return ((b * n + r) * nh + h) * nd;
+}
+
 /// sum_d x[d] y[d] in C over nd dims of two rows with element strides sx, sy, in d order.
 template <class T, class C = compute_t<T>>
 __device__ __forceinline__ C strided_dot(const T* x, int64_t sx, const T* y, int64_t sy,
@@ -116,7 +124,7 @@ template <class T> __global__ void __launch_bounds__(kBlock) attn_fwd_kernel(Att
   __shared__ C red[kBlock];
   const int64_t row = blockIdx.x;  // (b, h, t)
   const int64_t t = row % a.nt, bh = row / a.nt, b = bh / a.nh, h = bh % a.nh;
-  T* orow = out + row * a.nd;
+  T* orow = out + tok_row(b, h, t, a.nt, a.nh, a.nd);
   if (a.ns == 0) {
     for (int64_t d = threadIdx.x; d < a.nd; d += kBlock) orow[d] = round_to<T>(C(0));
     if (threadIdx.x == 0) lse[row] = -std::numeric_limits<C>::infinity();
@@ -173,7 +181,7 @@ __global__ void __launch_bounds__(kBlock) attn_bwd_dq_kernel(AttnArgs<T> a,
   const C D_t = block_reduce<C, false>(part, red);
   if (threadIdx.x == 0) rowdot[row] = D_t;
   const C l = lse[row];
-  T* dqrow = dq + row * a.nd;
+  T* dqrow = dq + tok_row(b, h, t, a.nt, a.nh, a.nd);
   for (int64_t d0 = 0; d0 < a.nd; d0 += kBlock * kDGroup) {
     C acc[kDGroup];
 #pragma unroll
@@ -232,8 +240,9 @@ __global__ void __launch_bounds__(kBlock) attn_bwd_dkv_kernel(AttnArgs<T> a,
     for (int j = 0; j < kDGroup; ++j) {
       const int64_t d = d0 + threadIdx.x + j * kBlock;
       if (d < a.nd) {
-        dk[row * a.nd + d] = round_to<T>(static_cast<C>(a.scale) * ak[j]);
-        dv[row * a.nd + d] = round_to<T>(av[j]);
+        const int64_t o = tok_row(b, h, s, a.ns, a.nh, a.nd) + d;
+        dk[o] = round_to<T>(static_cast<C>(a.scale) * ak[j]);
+        dv[o] = round_to<T>(av[j]);
       }
     }
   }
@@ -331,7 +340,7 @@ __global__ void __launch_bounds__(kRows) attn_fwd_reg_kernel(AttnArgs<T> a, T* o
   }
   if (!live) return;
   const int64_t row = bh * a.nt + t;
-  T* orow = out + row * a.nd;
+  T* orow = out + tok_row(b, h, t, a.nt, a.nh, a.nd);
   if (a.ns == 0) {  // no keys: an empty sum
 #pragma unroll
     for (int d = 0; d < kD; ++d)
@@ -387,7 +396,7 @@ __global__ void __launch_bounds__(kRows) attn_bwd_dq_reg_kernel(AttnArgs<T> a,
   }
   if (!live) return;
   rowdot[row] = D_t;
-  T* r = dq + row * a.nd;
+  T* r = dq + tok_row(b, h, t, a.nt, a.nh, a.nd);
 #pragma unroll
   for (int d = 0; d < kD; ++d)
     if (d < a.nd) r[d] = round_to<T>(scale * acc[d]);
@@ -439,12 +448,12 @@ __global__ void __launch_bounds__(kRows) attn_bwd_dkv_reg_kernel(AttnArgs<T> a,
     }
   }
   if (!live) return;
-  const int64_t row = bh * a.ns + s;
+  const int64_t row = tok_row(b, h, s, a.ns, a.nh, a.nd);
 #pragma unroll
   for (int d = 0; d < kD; ++d)
     if (d < a.nd) {
-      dk[row * a.nd + d] = round_to<T>(scale * ak[d]);
-      dv[row * a.nd + d] = round_to<T>(av[d]);
+      dk[row + d] = round_to<T>(scale * ak[d]);
+      dv[row + d] = round_to<T>(av[d]);
     }
 }
 
@@ -757,7 +766,7 @@ __global__ void __launch_bounds__(kMmaThreads) attn_fwd_mma_kernel(AttnArgs<T> a
     float li = quad_sum(l[i]);
     if (tr[i] >= a.nt) continue;
     const int64_t row = bh * a.nt + tr[i];
-    T* orow = out + row * a.nd;
+    T* orow = out + tok_row(b, h, tr[i], a.nt, a.nh, a.nd);
     if (a.ns == 0) {  // no keys: an empty sum
 #pragma unroll
       for (int j = 0; j < kD / 8; ++j)
@@ -845,7 +854,7 @@ __global__ void __launch_bounds__(kMmaThreads) attn_bwd_dq_mma_kernel(AttnArgs<T
     if (tr[i] >= a.nt) continue;
     const int64_t row = bh * a.nt + tr[i];
     if (c == 0) rowdot[row] = dt[i];
-    T* r = dq + row * a.nd;
+    T* r = dq + tok_row(b, h, tr[i], a.nt, a.nh, a.nd);
 #pragma unroll
     for (int j = 0; j < kD / 8; ++j)
       for (int e = 0; e < 2; ++e)
@@ -918,14 +927,14 @@ __global__ void __launch_bounds__(kMmaThreads) attn_bwd_dkv_mma_kernel(AttnArgs<
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     if (sr[i] >= a.ns) continue;
-    const int64_t row = bh * a.ns + sr[i];
+    const int64_t row = tok_row(b, h, sr[i], a.ns, a.nh, a.nd);
 #pragma unroll
     for (int j = 0; j < kD / 8; ++j)
       for (int e = 0; e < 2; ++e) {
         const int d = 8 * j + 2 * c + e;
         if (d < a.nd) {
-          dk[row * a.nd + d] = round_to<T>(scale * ak[j][2 * i + e]);
-          dv[row * a.nd + d] = round_to<T>(av[j][2 * i + e]);
+          dk[row + d] = round_to<T>(scale * ak[j][2 * i + e]);
+          dv[row + d] = round_to<T>(av[j][2 * i + e]);
         }
       }
   }
@@ -1033,11 +1042,17 @@ template <class T> AttnArgs<T> make_args(const std::vector<Tensor>& in, const Op
   return a;
 }
 
+/// A new (B, H, n, D) output shaped as x, stored token major (tok_row).
+Tensor token_major(const Tensor& x) {
+  return new_output(Shape({x.dim(0), x.dim(2), x.dim(1), x.dim(3)}), x.dtype(), x)
+      .permute({0, 2, 1, 3});
+}
+
 /// in = {q, k, v, mask or undefined}. Returns {out, lse}.
 std::vector<Tensor> attention_kernel(const std::vector<Tensor>& in, const OpAttrs& attrs) {
   const Tensor& q = in[0];
   TAPER_ASSERT(q.rank() == 4 && in[1].rank() == 4 && in[1].shape() == in[2].shape());
-  Tensor out = new_output(q.shape(), q.dtype(), q);
+  Tensor out = token_major(q);
   Tensor lse = new_output(Shape({q.dim(0), q.dim(1), q.dim(2)}), stat_dtype(q.dtype()), q);
   const size_t rows = q.dim(0) * q.dim(1) * q.dim(2);
   if (rows == 0) return {out, lse};
@@ -1081,9 +1096,9 @@ std::vector<Tensor> attention_bwd_kernel(const std::vector<Tensor>& in, const Op
   const Tensor &q = in[0], &k = in[1], &v = in[2];
   TAPER_ASSERT(in[4].shape() == q.shape() && in[6].shape() == q.shape());
   TAPER_ASSERT(in[5].dtype() == stat_dtype(q.dtype()) && in[5].is_contiguous());
-  Tensor dq = new_output(q.shape(), q.dtype(), q);
-  Tensor dk = new_output(k.shape(), k.dtype(), k);
-  Tensor dv = new_output(v.shape(), v.dtype(), v);
+  Tensor dq = token_major(q);
+  Tensor dk = token_major(k);
+  Tensor dv = token_major(v);
   const size_t qrows = q.dim(0) * q.dim(1) * q.dim(2);
   const size_t krows = k.dim(0) * k.dim(1) * k.dim(2);
   if (q.dim(2) == 0) {  // no query rows: dk and dv are empty sums

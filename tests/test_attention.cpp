@@ -238,6 +238,23 @@ TEST_P(FusedAttention, AnyThreadCountSameBits) {
   }
 }
 
+// out, dq, dk and dv are stored token major, (B, T, H, D), and returned as (B, H, T, D) views:
+// merging the heads back into (B, T, H D), as MultiHeadAttention does, is a view, not a copy,
+// and so is the gradient of head views made from (B, T, H D) projections.
+TEST_P(FusedAttention, HeadsMergeBackWithoutACopy) {
+  const DType dt = GetParam();
+  const Case c{2, 3, 7, 9, 8, MaskKind::Keys, true};
+  const Inputs in = make_inputs(c, dt, 91);
+  const Var q = Var::from_tensor(in.q), k = Var::from_tensor(in.k), v = Var::from_tensor(in.v);
+  const Tensor o = ops::attention(q, k, v, in.mask, 0.3);
+  EXPECT_EQ(o.shape(), Shape({c.B, c.H, c.T, c.D}));
+  EXPECT_TRUE(o.permute({0, 2, 1, 3}).is_contiguous());
+  const Tensor merged = o.permute({0, 2, 1, 3}).reshape({c.B, c.T, c.H * c.D});
+  EXPECT_EQ(merged.data_ptr(), o.data_ptr());
+  GradStore g = o.backward(make(c, c.T, dt, 92));
+  for (const Var* x : {&q, &k, &v}) EXPECT_TRUE(g.get(*x)->permute({0, 2, 1, 3}).is_contiguous());
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, FusedAttention,
                          ::testing::Values(DType::BF16, DType::F16, DType::F32, DType::F64),
                          [](const ::testing::TestParamInfo<DType>& i) {
