@@ -26,9 +26,13 @@
 //   - column-serial: one thread per column (the positions of idx that differ only along d, which
 //     can only reach the outputs of the same column) loops over j in order; no two threads share
 //     an output. Used when J (idx's extent along d) is short or the columns alone fill the GPU.
+//   - rows: idx holds one index per j, broadcast over every other dim (stride 0 there), as the
+//     backward of index_select (the embedding's) makes it: the J indices alone are sorted
+//     (stable: j order kept), and one block per run of equal indices adds the run's src rows to
+//     its output row, a thread per column, in j order.
 //   - sorted: every position p becomes (key = its output's flat index, value = its src offset);
 //     a stable radix sort (CUB) groups equal keys keeping p order; the first thread of each
-//     group adds the group in order. Used for the embedding backward (long J, few columns).
+//     group adds the group in order. Used for other long J with few columns.
 // No floating-point atomics anywhere.
 // What it is not: SIMD or arithmetic kernels (only scatter_add adds), or the front-end's argument
 // checks (core/src/tensor_ops.cpp), which run first.
@@ -346,6 +350,20 @@ __global__ void __launch_bounds__(kBlock)
   }
 }
 
+/// The end of the run of keys equal to keys[i] (sorted keys): the first position past i whose
+/// key differs, or n.
+__device__ __forceinline__ int64_t run_end(const uint64_t* __restrict__ keys, int64_t i,
+                                           int64_t n) {
+  const uint64_t k = keys[i];
+  int64_t lo = i + 1, hi = n;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (keys[mid] == k) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
 /// Sorted scatter_add, step 2: the first position of each run of equal keys adds the run's src
 /// values, in their (stable, source) order, to its output.
 template <class T>
@@ -357,16 +375,86 @@ __global__ void __launch_bounds__(kBlock)
        i += static_cast<int64_t>(gridDim.x) * kBlock) {
     const uint64_t k = keys[i];
     if (k == sentinel || (i > 0 && keys[i - 1] == k)) continue;
-    int64_t lo = i + 1, hi = n;  // the run's end: the first key > k (keys are sorted)
-    while (lo < hi) {
-      const int64_t mid = lo + (hi - lo) / 2;
-      if (keys[mid] == k) lo = mid + 1;
-      else hi = mid;
-    }
+    const int64_t end = run_end(keys, i, n);
     T acc = out[k];
-    for (int64_t t = i; t < lo; ++t) acc = add_elem(acc, src[vals[t]]);
+    for (int64_t t = i; t < end; ++t) acc = add_elem(acc, src[vals[t]]);
     out[k] = acc;
   }
+}
+
+/// Row plan, step 1: key j = idx[j] (`lim` for a bad index: it sorts last), value j.
+template <class IdxT>
+__global__ void __launch_bounds__(kBlock)
+    scatter_row_keys_kernel(const IdxT* __restrict__ idx, int64_t idx_sd, int64_t J, int64_t lim,
+                            uint64_t* __restrict__ keys, int64_t* __restrict__ vals, Fault fault) {
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x; j < J;
+       j += static_cast<int64_t>(gridDim.x) * kBlock) {
+    const int64_t v = static_cast<int64_t>(idx[j * idx_sd]);
+    keys[j] = static_cast<uint64_t>(index_ok(v, lim, fault) ? v : lim);
+    vals[j] = j;
+  }
+}
+
+/// Row plan, step 2: block i, where a run of equal keys starts, adds the run's src rows (in j
+/// order) to output row keys[i], one thread per column (cols: offsets of src and out).
+template <class T>
+__global__ void __launch_bounds__(kBlock)
+    scatter_row_runs_kernel(T* __restrict__ out, const T* __restrict__ src,
+                            const uint64_t* __restrict__ keys, const int64_t* __restrict__ vals,
+                            int64_t J, int64_t lim, Strided<3> cols, int64_t ncols, int64_t src_sd,
+                            int64_t out_sd) {
+  for (int64_t i = blockIdx.x; i < J; i += gridDim.x) {
+    const uint64_t k = keys[i];
+    if (k == static_cast<uint64_t>(lim) || (i > 0 && keys[i - 1] == k)) continue;
+    const int64_t end = run_end(keys, i, J);
+    for (int64_t c = threadIdx.x; c < ncols; c += kBlock) {
+      int64_t off[3];
+      cols.offsets(c, off);
+      T& o = out[off[2] + static_cast<int64_t>(k) * out_sd];
+      T acc = o;
+#pragma unroll 8
+      for (int64_t t = i; t < end; ++t) acc = add_elem(acc, src[off[0] + vals[t] * src_sd]);
+      o = acc;
+    }
+  }
+}
+
+/// n (key, value) pairs on the device, double-buffered for CUB's radix sort: written through
+/// keys.Current() and vals.Current(), sorted by sort(), read back through them.
+struct SortPairs {
+  Tensor kbuf, vbuf;
+  cub::DoubleBuffer<uint64_t> keys;
+  cub::DoubleBuffer<int64_t> vals;
+  int64_t n;
+  SortPairs(size_t count, const Device& dev)
+      : kbuf(Tensor::empty(Shape({2 * count}), DType::I64, dev)),
+        vbuf(Tensor::empty(Shape({2 * count}), DType::I64, dev)),
+        keys(ptr<uint64_t>(kbuf), ptr<uint64_t>(kbuf) + count),
+        vals(ptr<int64_t>(vbuf), ptr<int64_t>(vbuf) + count),
+        n(static_cast<int64_t>(count)) {}
+  /// Stable sort by the keys' low end_bit bits, on stream st.
+  void sort(int end_bit, cudaStream_t st) {
+    size_t temp_bytes = 0;
+    TAPER_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys, vals, n, 0,
+                                                     end_bit, st));
+    Tensor temp = Tensor::empty(Shape({std::max<size_t>(temp_bytes, 1)}), DType::U8, kbuf.device());
+    TAPER_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.data_ptr(), temp_bytes, keys, vals, n,
+                                                     0, end_bit, st));
+  }
+};
+
+/// Bits that hold every key up to and including `largest`.
+int key_bits(uint64_t largest) {
+  int b = 1;
+  while (b < 64 && (largest >> b) != 0) ++b;
+  return b;
+}
+
+/// Whether idx varies only along d (stride 0 on every other dim of extent > 1).
+bool one_index_per_row(const Tensor& idx, size_t d) {
+  for (size_t i = 0; i < idx.rank(); ++i)
+    if (i != d && idx.dims()[i] > 1 && idx.strides()[i] != 0) return false;
+  return true;
 }
 
 std::vector<Tensor> scatter_add_kernel(const std::vector<Tensor>& in, const OpAttrs& attrs) {
@@ -403,11 +491,10 @@ std::vector<Tensor> scatter_add_kernel(const std::vector<Tensor>& in, const OpAt
       using I = decltype(itag);
       if constexpr (!std::is_same_v<I, NoIdx>) {
         const I* ip = ptr<const I>(idx);
+        std::vector<size_t> cdims = idx.dims();
+        cdims[d] = 1;  // dropped by make_strided
+        const Strided<3> cols = make_strided<3>(Shape(cdims), {&src.strides(), &idx.strides(), &os});
         if (J <= kSerialJ || ncols >= kSerialCols) {
-          std::vector<size_t> cdims = idx.dims();
-          cdims[d] = 1;  // dropped by make_strided
-          const Strided<3> cols =
-              make_strided<3>(Shape(cdims), {&src.strides(), &idx.strides(), &os});
           scatter_serial_kernel<T, I><<<grid_for(static_cast<size_t>(ncols), ordinal, kBlock),
                                         kBlock, 0, st>>>(
               ptr<T>(out), ptr<const T>(src), ip, cols, ncols, J,
@@ -415,31 +502,32 @@ std::vector<Tensor> scatter_add_kernel(const std::vector<Tensor>& in, const OpAt
           TAPER_CUDA_CHECK_LAUNCH("scatter_add", in);
           return;
         }
+        if (one_index_per_row(idx, d)) {  // row plan: sort the J indices only
+          SortPairs p(static_cast<size_t>(J), x.device());
+          scatter_row_keys_kernel<I><<<grid_for(static_cast<size_t>(J), ordinal, kBlock), kBlock,
+                                       0, st>>>(ip, idx.strides()[d], J, lim, p.keys.Current(),
+                                                p.vals.Current(), fault);
+          TAPER_CUDA_CHECK_LAUNCH("scatter_add", in);
+          p.sort(key_bits(static_cast<uint64_t>(lim)), st);
+          const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(J, 65535));
+          scatter_row_runs_kernel<T><<<blocks, kBlock, 0, st>>>(
+              ptr<T>(out), ptr<const T>(src), p.keys.Current(), p.vals.Current(), J, lim, cols,
+              ncols, src.strides()[d], out_sd);
+          TAPER_CUDA_CHECK_LAUNCH("scatter_add", in);
+          return;
+        }
         // Sorted plan. Keys are output indices < out_count; the sentinel sorts last.
         const uint64_t sentinel = static_cast<uint64_t>(out.elem_count());
-        int end_bit = 1;
-        while (end_bit < 64 && (sentinel >> end_bit) != 0) ++end_bit;
-        const size_t nn = static_cast<size_t>(n);
-        Tensor keys_buf = Tensor::empty(Shape({2 * nn}), DType::I64, x.device());
-        Tensor vals_buf = Tensor::empty(Shape({2 * nn}), DType::I64, x.device());
-        uint64_t* k0 = ptr<uint64_t>(keys_buf);
-        int64_t* v0 = ptr<int64_t>(vals_buf);
-        const unsigned grid = grid_for(nn, ordinal, kBlock);
+        const int end_bit = key_bits(sentinel);
+        SortPairs p(static_cast<size_t>(n), x.device());
+        const unsigned grid = grid_for(static_cast<size_t>(n), ordinal, kBlock);
         const Strided<3> s = make_strided<3>(idx.shape(), {&src.strides(), &idx.strides(), &os});
-        scatter_keys_kernel<I><<<grid, kBlock, 0, st>>>(ip, s, n, out_sd, lim, sentinel, k0, v0,
-                                                        fault);
+        scatter_keys_kernel<I><<<grid, kBlock, 0, st>>>(ip, s, n, out_sd, lim, sentinel,
+                                                        p.keys.Current(), p.vals.Current(), fault);
         TAPER_CUDA_CHECK_LAUNCH("scatter_add", in);
-        cub::DoubleBuffer<uint64_t> keys(k0, k0 + nn);
-        cub::DoubleBuffer<int64_t> vals(v0, v0 + nn);
-        size_t temp_bytes = 0;
-        TAPER_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys, vals, n, 0,
-                                                         end_bit, st));
-        Tensor temp = Tensor::empty(Shape({std::max<size_t>(temp_bytes, 1)}), DType::U8,
-                                    x.device());
-        TAPER_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.data_ptr(), temp_bytes, keys, vals,
-                                                         n, 0, end_bit, st));
+        p.sort(end_bit, st);
         scatter_runs_kernel<T><<<grid, kBlock, 0, st>>>(ptr<T>(out), ptr<const T>(src),
-                                                        keys.Current(), vals.Current(), n,
+                                                        p.keys.Current(), p.vals.Current(), n,
                                                         sentinel);
         TAPER_CUDA_CHECK_LAUNCH("scatter_add", in);
       }
