@@ -581,7 +581,8 @@ __device__ __forceinline__ void stage_tile(uint16_t* rows, uint16_t* cols, const
     const int e = static_cast<int>(threadIdx.x) + u * kMmaThreads;
     const int j = e / kPerRow, d0 = e % kPerRow * kV;
     if (std::is_same_v<T, bf16> && rows && !cols) {  // one term: the 16 bytes as they are
-      memcpy(rows + j * row_ld<kD>() + d0, &w[u], sizeof(w[u]));
+      // 16-byte aligned: the tile bases, the pitch (kD + 8) * 2 bytes and d0 * 2 bytes are.
+      *reinterpret_cast<uint4*>(rows + j * row_ld<kD>() + d0) = w[u];
       continue;
     }
     T v[kV];
