@@ -2,21 +2,25 @@
 // attention_bwd), for bf16, f16, f32 and f64, with the contract of cpu/attention.cpp (which
 // states it in full).
 //
-// What it is: a first, plain version. Forward: one block per query row (B H T blocks); its
-// threads take the keys s = tid, tid + kBlock, ... in chunks of kChunk, recompute the scores
-// (a dot of D per key), reduce the row max with a fixed tree, then per chunk write
-// e_s = exp(score_s - max) to shared memory and accumulate out[d] = sum_s e_s v[s, d] (thread
-// per d, kDGroup dims per pass over the keys) in key order. Backward: one block per query row
-// for dq (and D_t = sum dout * out, kept in a (B, H, T) scratch), then one block per key row
-// for dk and dv (sums over the query rows in row order). No (B, H, T, S) tensor, no atomics:
-// the same bits every run.
-// What it is not: fast (no tiling, no tensor cores; the dots read k and v rows per thread) or
-// tested on a GPU: this file was written and compiled (nvcc, sm_90) in a session with no GPU;
-// tests/test_cuda.cpp's attention cases check it against the CPU where a GPU is present.
+// What it is: three paths, picked by dtype and head size D.
+// - Tensor cores (bf16 D <= 64, f32 D <= 32): blocks of 64 query rows (forward, dq) or key rows
+//   (dk, dv), a warp per 16 rows, mma.sync m16n8k16 on bf16 term sums with f32 accumulators;
+//   the other side's rows staged in shared memory 64 at a time, 16 bytes a load where the
+//   layout allows. The forward is an online softmax (each score computed once).
+// - Registers (the other dtypes, D <= 64; f64 D <= 32): a thread per row, its dots FMAs from
+//   staged tiles.
+// - Plain (larger heads): a block per row, the keys in chunks through shared memory.
+// The backward runs dq (and D_t = sum dout * out, kept in a (B, H, T) scratch), then dk and dv,
+// each summing over the other side's rows in row order. No (B, H, T, S) tensor, no atomics:
+// the same bits every run. Runs 25 and 26 (docs/cuda.md) checked every path against the CPU
+// kernels and under compute-sanitizer.
+// What it is not: at the tensor cores' rate. Run 26 measured the bf16 backward at 0.46 ms a call
+// at (128, 12, 128, 32), about 12 TFLOPS; the element-wise work between the products, the
+// mask read per score and two blocks of 4 warps per SM (the registers) are the suspects.
 //
 // Shapes: q (B, H, T, D), k, v (B, H, S, D), any strides; mask broadcast to (B, H, T, S) by
 // strides (0 along broadcast dims) or absent; out (B, H, T, D), lse (B, H, T) in the compute
-// type C (f32 for bf16/f16/f32, f64 for f64), dq, dk, dv contiguous.
+// type C (f32 for bf16/f16/f32, f64 for f64); out, dq, dk, dv stored token major (tok_row).
 // Precision: C throughout, each output rounded once at the store (round_to). Special values as
 // the CPU: an all -inf row gives NaN (exp(-inf - -inf)), S = 0 gives out 0 and lse -inf.
 #include <cmath>

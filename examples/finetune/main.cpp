@@ -146,7 +146,7 @@ first a baseline (frozen encoder + trained linear head), then the whole model.
                         --device cuda unless --dropout or --nproc is set, eager again if the
                         check fails; on: a failed check is an error; off: eager steps, the
                         smallest footprint (the graph keeps its step's tensors in a pool of
-                        its own: 661 against 421 MiB at 16 x 64 f32). Default auto
+                        its own: 650 against 412 MiB at 16 x 64 f32). Default auto
   --nproc N             data parallelism: start N processes of this program (one per GPU
                         with --device cuda, cuda:0..N-1; threads split between them on the
                         CPU), each with 1/N of every batch; rank 0 logs and checkpoints.
