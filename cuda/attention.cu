@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "cuda/cuda_common.cuh"
+#include "cuda/vec_io.cuh"
 
 namespace taper::cuda {
 namespace {
@@ -511,12 +512,28 @@ __device__ __forceinline__ uint32_t ld2(const uint16_t* p) {
 }
 
 /// x = t[0] + ... + t[n - 1], t[i] = bf16(x - t[0] - ... - t[i - 1]) (each subtraction exact).
+/// The hardware's cvt.rn gives round_to's bits for every x but NaN, whose terms are NaN either
+/// way (and so is every result they enter).
 template <int n> __device__ __forceinline__ void split_terms(float x, uint16_t (&t)[n]) {
 #pragma unroll
   for (int i = 0; i < n; ++i) {
-    t[i] = f32_to_bf16_bits(x);
-    x -= bf16_bits_to_f32(t[i]);
+    t[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x));
+    x -= __uint_as_float(uint32_t{t[i]} << 16);
   }
+}
+
+/// exp(t) of a score minus its row's max or lse: for bf16 data exp_ns_half (vec_io.cuh: within a
+/// few f32 ulp, far below the 2^-17 of P's two-term split, three instructions where expf takes
+/// about ten); for f32 data expf.
+template <class T> __device__ __forceinline__ float attn_exp(float t) {
+  if constexpr (std::is_same_v<T, bf16>) return exp_ns_half(t);
+  else return expf(t);
+}
+
+/// Whether the mask is the same for every query row (stride 0 along T: a (B, 1, 1, S) padding
+/// mask): then the kernels read it once per key, not once per score.
+template <class T> __device__ __forceinline__ bool mask_per_key(const AttnArgs<T>& a) {
+  return a.mask && a.ms.s[2] == 0;
 }
 
 /// The A fragments (n terms) of a 16 x 64 f32 block held in 8 accumulator tiles x[8][4]:
@@ -527,13 +544,14 @@ __device__ __forceinline__ void split_fragments(const float (&x)[8][4], uint32_t
   for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
     for (int r = 0; r < 4; ++r) {  // register r: tile 2 kk + r / 2, elements 2 (r % 2), +1
-      const float* v = &x[2 * kk + r / 2][2 * (r % 2)];
-      uint16_t lo[n], hi[n];
-      split_terms<n>(v[0], lo);
-      split_terms<n>(v[1], hi);
+      float lo = x[2 * kk + r / 2][2 * (r % 2)], hi = x[2 * kk + r / 2][2 * (r % 2) + 1];
 #pragma unroll
-      for (int i = 0; i < n; ++i)
-        f[i][kk][r] = static_cast<uint32_t>(lo[i]) | (static_cast<uint32_t>(hi[i]) << 16);
+      for (int i = 0; i < n; ++i) {  // split_terms of both, two per cvt.rn.bf16x2
+        const uint32_t w = pack_half2<bf16>(lo, hi);
+        f[i][kk][r] = w;
+        lo -= __uint_as_float(w << 16);
+        hi -= __uint_as_float(w & 0xffff0000u);
+      }
     }
 }
 
@@ -683,12 +701,24 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v;
 }
 
-/// Dynamic shared memory of each kernel, in bytes.
+/// Dynamic shared memory of each kernel, in bytes (forward and dq: the tiles, then a tile's
+/// mask values when mask_per_key).
 template <class T, int kD> constexpr int fwd_smem() {
-  return 2 * in_terms<T>() * (row_plane<kD>() + col_plane<kD>());
+  return 2 * in_terms<T>() * (row_plane<kD>() + col_plane<kD>()) +
+         kMmaTile * static_cast<int>(sizeof(float));
 }
 template <class T, int kD> constexpr int dq_smem() {
-  return 2 * in_terms<T>() * (2 * row_plane<kD>() + col_plane<kD>());
+  return 2 * in_terms<T>() * (2 * row_plane<kD>() + col_plane<kD>()) +
+         kMmaTile * static_cast<int>(sizeof(float));
+}
+
+/// mk[i] = the mask at key s0 + i (i < n) of head (b, h), for mask_per_key.
+template <class T>
+__device__ __forceinline__ void stage_key_mask(float* mk, const AttnArgs<T>& a, int64_t b,
+                                               int64_t h, int64_t s0, int n) {
+  const T* m = at(a.mask, a.ms, b, h, 0);
+  for (int i = threadIdx.x; i < n; i += blockDim.x)
+    mk[i] = static_cast<float>(widen(m[(s0 + i) * a.ms.s[3]]));
 }
 template <class T, int kD> constexpr int dkv_smem() {
   return 2 * in_terms<T>() * (2 * row_plane<kD>() + 2 * col_plane<kD>()) +
@@ -703,6 +733,8 @@ __global__ void __launch_bounds__(kMmaThreads) attn_fwd_mma_kernel(AttnArgs<T> a
   extern __shared__ __align__(16) uint16_t smem[];
   uint16_t* ksh = smem;                                      // k rows (and q's, first)
   uint16_t* vt = smem + in_terms<T>() * row_plane<kD>();     // v, transposed
+  float* mk = reinterpret_cast<float*>(vt + in_terms<T>() * col_plane<kD>());
+  const bool per_key = mask_per_key(a);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   const int64_t bh = blockIdx.x, b = bh / a.nh, h = bh % a.nh;
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kMmaRows;
@@ -711,9 +743,9 @@ __global__ void __launch_bounds__(kMmaThreads) attn_fwd_mma_kernel(AttnArgs<T> a
   uint32_t qf[in_terms<T>()][kD / 16][4];
   row_fragments<T, kD>(ksh, 16 * warp, qf);
   const int64_t tr[2] = {t0 + 16 * warp + g, t0 + 16 * warp + g + 8};  // this thread's rows
-  const T* mrow[2] = {nullptr, nullptr};
+  const T* mrow[2] = {nullptr, nullptr};  // the mask rows, read per score unless per_key
   for (int i = 0; i < 2; ++i)
-    if (a.mask && tr[i] < a.nt) mrow[i] = at(a.mask, a.ms, b, h, tr[i]);
+    if (a.mask && !per_key && tr[i] < a.nt) mrow[i] = at(a.mask, a.ms, b, h, tr[i]);
   const float scale = static_cast<float>(a.scale);
   float o[kD / 8][4] = {};
   float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f};
@@ -722,6 +754,7 @@ __global__ void __launch_bounds__(kMmaThreads) attn_fwd_mma_kernel(AttnArgs<T> a
     __syncthreads();  // every warp is done with the previous tile (and with q's staging)
     stage_tile<T, kD>(ksh, nullptr, a.k, a.ks, a.vk, b, h, s0, n, a.nd);
     stage_tile<T, kD>(nullptr, vt, a.v, a.vs, a.vv, b, h, s0, n, a.nd);
+    if (per_key) stage_key_mask(mk, a, b, h, s0, n);
     __syncthreads();
     float x[8][4];
     times_rows<T, kD>(qf, ksh, x);
@@ -734,7 +767,8 @@ __global__ void __launch_bounds__(kMmaThreads) attn_fwd_mma_kernel(AttnArgs<T> a
         float v = kNegInf;  // a key past S adds nothing
         if (col < n) {
           v = scale * x[j][e];
-          if (mrow[i]) v += static_cast<float>(widen(mrow[i][(s0 + col) * a.ms.s[3]]));
+          if (per_key) v += mk[col];
+          else if (mrow[i]) v += static_cast<float>(widen(mrow[i][(s0 + col) * a.ms.s[3]]));
         }
         x[j][e] = v;
         tmax[i] = v > tmax[i] ? v : tmax[i];
@@ -743,7 +777,7 @@ __global__ void __launch_bounds__(kMmaThreads) attn_fwd_mma_kernel(AttnArgs<T> a
     for (int i = 0; i < 2; ++i) {
       const float mn = quad_max(tmax[i]);
       if (mn > m[i]) {  // a new maximum: rescale the sums (by 0 while m is -inf)
-        const float r = expf(m[i] - mn);
+        const float r = attn_exp<T>(m[i] - mn);
         l[i] *= r;
 #pragma unroll
         for (int j = 0; j < kD / 8; ++j) {
@@ -758,7 +792,7 @@ __global__ void __launch_bounds__(kMmaThreads) attn_fwd_mma_kernel(AttnArgs<T> a
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         // A -inf score adds nothing; NaN and +inf scores make the sum NaN, as softmax's.
-        const float p = x[j][e] == kNegInf ? 0.0f : expf(x[j][e] - m[e / 2]);
+        const float p = x[j][e] == kNegInf ? 0.0f : attn_exp<T>(x[j][e] - m[e / 2]);
         l[e / 2] += p;
         x[j][e] = p;
       }
@@ -798,6 +832,8 @@ __global__ void __launch_bounds__(kMmaThreads) attn_bwd_dq_mma_kernel(AttnArgs<T
   uint16_t* ksh = smem;                                      // k rows (q's, first)
   uint16_t* vsh = smem + in_terms<T>() * row_plane<kD>();    // v rows (dout's, first)
   uint16_t* kt = smem + 2 * in_terms<T>() * row_plane<kD>(); // k, transposed
+  float* mk = reinterpret_cast<float*>(kt + in_terms<T>() * col_plane<kD>());
+  const bool per_key = mask_per_key(a);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   const int64_t bh = blockIdx.x, b = bh / a.nh, h = bh % a.nh;
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kMmaRows;
@@ -823,7 +859,7 @@ __global__ void __launch_bounds__(kMmaThreads) attn_bwd_dq_mma_kernel(AttnArgs<T
     }
     dt[i] = quad_sum(part);
     lr[i] = live ? lse[bh * a.nt + tr[i]] : 0.0f;
-    if (a.mask && live) mrow[i] = at(a.mask, a.ms, b, h, tr[i]);
+    if (a.mask && !per_key && live) mrow[i] = at(a.mask, a.ms, b, h, tr[i]);
   }
   const float scale = static_cast<float>(a.scale);
   float acc[kD / 8][4] = {};
@@ -832,6 +868,7 @@ __global__ void __launch_bounds__(kMmaThreads) attn_bwd_dq_mma_kernel(AttnArgs<T
     __syncthreads();
     stage_tile<T, kD>(ksh, kt, a.k, a.ks, a.vk, b, h, s0, n, a.nd);
     stage_tile<T, kD>(vsh, nullptr, a.v, a.vs, a.vv, b, h, s0, n, a.nd);
+    if (per_key) stage_key_mask(mk, a, b, h, s0, n);
     __syncthreads();
     float x[8][4], dp[8][4];
     times_rows<T, kD>(qf, ksh, x);
@@ -844,8 +881,9 @@ __global__ void __launch_bounds__(kMmaThreads) attn_bwd_dq_mma_kernel(AttnArgs<T
         float ds = 0.0f;  // a key past S adds nothing
         if (col < n) {
           float v = scale * x[j][e];
-          if (mrow[i]) v += static_cast<float>(widen(mrow[i][(s0 + col) * a.ms.s[3]]));
-          const float p = expf(v - lr[i]);  // a NaN lse (a NaN forward row): NaN, as the CPU
+          if (per_key) v += mk[col];
+          else if (mrow[i]) v += static_cast<float>(widen(mrow[i][(s0 + col) * a.ms.s[3]]));
+          const float p = attn_exp<T>(v - lr[i]);  // a NaN lse (a NaN forward row): NaN
           ds = p * (dp[j][e] - dt[i]);
         }
         x[j][e] = ds;
@@ -893,6 +931,11 @@ __global__ void __launch_bounds__(kMmaThreads) attn_bwd_dkv_mma_kernel(AttnArgs<
   row_fragments<T, kD>(gsh, 16 * warp, vf);
   const int64_t sr[2] = {s0 + 16 * warp + g, s0 + 16 * warp + g + 8};  // this thread's keys
   const int64_t sc[2] = {sr[0] < a.ns ? sr[0] : 0, sr[1] < a.ns ? sr[1] : 0};
+  const bool per_key = mask_per_key(a);
+  float mkey[2] = {0.0f, 0.0f};  // per_key: this thread's keys' mask values, for every query
+  if (per_key)
+    for (int i = 0; i < 2; ++i)
+      mkey[i] = static_cast<float>(widen(at(a.mask, a.ms, b, h, 0)[sc[i] * a.ms.s[3]]));
   const float scale = static_cast<float>(a.scale);
   float ak[kD / 8][4] = {}, av[kD / 8][4] = {};
   for (int64_t t0 = 0; t0 < a.nt; t0 += kMmaTile) {
@@ -916,8 +959,9 @@ __global__ void __launch_bounds__(kMmaThreads) attn_bwd_dkv_mma_kernel(AttnArgs<
         float p = 0.0f, ds = 0.0f;  // a query past T adds nothing
         if (col < n) {
           float v = scale * x[j][e];
-          if (a.mask) v += static_cast<float>(widen(at(a.mask, a.ms, b, h, t0 + col)[sc[i] * a.ms.s[3]]));
-          p = expf(v - ls[col]);
+          if (per_key) v += mkey[i];
+          else if (a.mask) v += static_cast<float>(widen(at(a.mask, a.ms, b, h, t0 + col)[sc[i] * a.ms.s[3]]));
+          p = attn_exp<T>(v - ls[col]);
           ds = p * (dp[j][e] - dts[col]);
         }
         x[j][e] = p;

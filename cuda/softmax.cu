@@ -136,22 +136,6 @@ __device__ __forceinline__ double exp_ns(double t) {
   return r;
 }
 
-/// exp_ns for the half types' f32 values: 2^(t log2 e) through the hardware's ex2.approx.ftz,
-/// the product t log2 e taken with log2 e split in two (hi + lo, one fma), so the result is
-/// within a few f32 ulp of expf's (a relative 2^-21 or so): at most a ten-thousandth of a bf16
-/// or f16 half-ulp, so it moves a rounded value by one unit only when the exact value lies that
-/// close to a rounding boundary. Three instructions where expf takes about ten, which made the
-/// half-type softmax bound by instruction issue. The flush below ln FLT_MIN is exp_ns's; f32 and
-/// f64 data keep exp_ns (expf / exp), since their outputs keep those bits.
-__device__ __forceinline__ float exp_ns_half(float t) {
-  const float z = fmaf(t, 0x1.715476p+0f, t * 0x1.4ae0c0p-26f);
-  float e, r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(z));
-  asm("{\n\t.reg .pred p;\n\tsetp.lt.f32 p, %1, %2;\n\tselp.f32 %0, 0f00000000, %3, p;\n\t}"
-      : "=f"(r)
-      : "f"(t), "f"(-0x1.5d58ap+6f), "f"(e));
-  return r;
-}
 /// exp(t) for t <= 0 of a softmax over T data, with exp_ns's flush (exp_ns_half for bf16/f16).
 template <class T> __device__ __forceinline__ compute_t<T> exp_y(compute_t<T> t) {
   if constexpr (is_half_v<T>) return exp_ns_half(t);

@@ -1,4 +1,4 @@
-// vec_io.cuh: the loads and stores of the fused kernels (softmax.cu, norm.cu): storage values
+// vec_io.cuh: the loads and stores of the fused kernels (softmax.cu, norm.cu, attention.cu): storage values
 // widened to the compute type C = compute_t<T>, and C values rounded once to T at the store,
 // one element or one 16-byte vector (kVec<T> elements) at a time.
 //
@@ -12,6 +12,7 @@
 // and skips the test.
 // Widening: bf16 is its f32's high half (one shift or mask per element); f16 through cvt
 // (exact, as widen).
+// Also here: exp_ns_half, the half types' exp (softmax.cu, attention.cu).
 // What it is not: alignment decisions (the kernels check 16-byte alignment on the host) or
 // element-wise fallbacks over partial vectors (each kernel family guards its own bounds).
 #pragma once
@@ -128,4 +129,20 @@ __device__ __forceinline__ void store16(T* p, const compute_t<T> (&v)[kVec<T>]) 
   else *reinterpret_cast<uint4*>(p) = w;
 }
 
+/// exp_ns for the half types' f32 values: 2^(t log2 e) through the hardware's ex2.approx.ftz,
+/// the product t log2 e taken with log2 e split in two (hi + lo, one fma), so the result is
+/// within a few f32 ulp of expf's (a relative 2^-21 or so): at most a ten-thousandth of a bf16
+/// or f16 half-ulp, so it moves a rounded value by one unit only when the exact value lies that
+/// close to a rounding boundary. Three instructions where expf takes about ten, which made the
+/// half-type softmax (and attention's score loops) bound by instruction issue. The flush below ln FLT_MIN is exp_ns's; f32 and
+/// f64 data keep exp_ns (expf / exp), since their outputs keep those bits.
+__device__ __forceinline__ float exp_ns_half(float t) {
+  const float z = fmaf(t, 0x1.715476p+0f, t * 0x1.4ae0c0p-26f);
+  float e, r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(z));
+  asm("{\n\t.reg .pred p;\n\tsetp.lt.f32 p, %1, %2;\n\tselp.f32 %0, 0f00000000, %3, p;\n\t}"
+      : "=f"(r)
+      : "f"(t), "f"(-0x1.5d58ap+6f), "f"(e));
+  return r;
+}
 }  // namespace taper::cuda

@@ -2337,15 +2337,19 @@ TEST_F(CudaAttention, SpecialRowsMatchTheCpu) {
 // the f64 kernels fed the same (widened) inputs, and f32 results are within 128 f32 units of the
 // largest value. An operand or P rounded to one bf16 term would be ~2^-9 off: past both bounds.
 // D = 30 stages its tiles element by element (rows not a whole number of 16-byte loads); the
-// others 16 bytes a load.
+// others 16 bytes a load. The mask is (B, 1, 1, S), read once per key, or (1, 1, T, S), read
+// per score.
 TEST_F(CudaAttention, TensorCorePathKeepsF32Precision) {
   for (DType dt : {DType::BF16, DType::F32})
     for (size_t D : {size_t{30}, size_t{32}, size_t{40}, size_t{64}})
-      for (size_t S : {size_t{37}, size_t{200}}) {
+      for (size_t S : {size_t{37}, size_t{200}})
+        for (bool per_row : {false, true}) {
         if (dt == DType::F32 && D > 32) continue;  // f32's larger heads: the register path
         SCOPED_TRACE(std::string(dtype_name(dt)) + " D=" + std::to_string(D) +
-                     " S=" + std::to_string(S));
-        const auto [q, k, v, dout, mask] = attention_case(dt, 90, S, D, 41);
+                     " S=" + std::to_string(S) + (per_row ? " (1, 1, T, S) mask" : ""));
+        const auto [q, k, v, dout, key_mask] = attention_case(dt, 90, S, D, 41);
+        const Tensor mask =
+            per_row ? random_tensor({1, 1, 90, S}, dt, 46).broadcast_as({2, 3, 90, S}) : key_mask;
         const double scale = 1.0 / std::sqrt(static_cast<double>(D));
         auto f64 = [](const Tensor& x) { return x.to_dtype(DType::F64); };
         auto near = [&](const std::vector<double>& got, const std::vector<double>& ref) {
