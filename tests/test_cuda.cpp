@@ -2344,41 +2344,44 @@ TEST_F(CudaAttention, TensorCorePathKeepsF32Precision) {
     for (size_t D : {size_t{30}, size_t{32}, size_t{40}, size_t{64}})
       for (size_t S : {size_t{37}, size_t{200}})
         for (bool per_row : {false, true}) {
-        if (dt == DType::F32 && D > 32) continue;  // f32's larger heads: the register path
-        SCOPED_TRACE(std::string(dtype_name(dt)) + " D=" + std::to_string(D) +
-                     " S=" + std::to_string(S) + (per_row ? " (1, 1, T, S) mask" : ""));
-        const auto [q, k, v, dout, key_mask] = attention_case(dt, 90, S, D, 41);
-        const Tensor mask =
-            per_row ? random_tensor({1, 1, 90, S}, dt, 46).broadcast_as({2, 3, 90, S}) : key_mask;
-        const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-        auto f64 = [](const Tensor& x) { return x.to_dtype(DType::F64); };
-        auto near = [&](const std::vector<double>& got, const std::vector<double>& ref) {
-          if (dt == DType::BF16) return at_rounding_floor(got, ref, dt);
-          double mx = 0;
-          for (double r : ref) mx = std::max(mx, std::abs(r));
-          return all_close(got, ref, 0.0, 128 * unit_roundoff(dt) * mx);
-        };
-        const auto gpu = attention_outputs(
-            DeviceKind::Cuda,
-            {q.to_device(kGpu), k.to_device(kGpu), v.to_device(kGpu), mask.to_device(kGpu)}, scale);
-        const auto ref = attention_outputs(DeviceKind::Cpu, {f64(q), f64(k), f64(v), f64(mask)}, scale);
-        EXPECT_TRUE(near(values(gpu[0].to_device(kCpu)), values(ref[0]))) << "out";
-        EXPECT_TRUE(all_close(values(gpu[1].to_device(kCpu)), values(ref[1]), 1e-5, 1e-5)) << "lse";
-        // The backward from the GPU's own forward outputs, against f64 from the same values.
-        OpAttrs a;
-        a.f0 = scale;
-        const std::vector<Tensor> in = {q, k, v, mask, gpu[0].to_device(kCpu),
-                                        gpu[1].to_device(kCpu), dout};
-        std::vector<Tensor> gin, fin;
-        for (const Tensor& t : in) {
-          gin.push_back(t.to_device(kGpu));
-          fin.push_back(f64(t));
+          if (dt == DType::F32 && D > 32) continue;  // f32's larger heads: the register path
+          SCOPED_TRACE(std::string(dtype_name(dt)) + " D=" + std::to_string(D) +
+                       " S=" + std::to_string(S) + (per_row ? " (1, 1, T, S) mask" : ""));
+          const auto [q, k, v, dout, key_mask] = attention_case(dt, 90, S, D, 41);
+          const Tensor mask =
+              per_row ? random_tensor({1, 1, 90, S}, dt, 46).broadcast_as({2, 3, 90, S}) : key_mask;
+          const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+          auto f64 = [](const Tensor& x) { return x.to_dtype(DType::F64); };
+          auto near = [&](const std::vector<double>& got, const std::vector<double>& ref) {
+            if (dt == DType::BF16) return at_rounding_floor(got, ref, dt);
+            double mx = 0;
+            for (double r : ref) mx = std::max(mx, std::abs(r));
+            return all_close(got, ref, 0.0, 128 * unit_roundoff(dt) * mx);
+          };
+          const auto gpu = attention_outputs(
+              DeviceKind::Cuda,
+              {q.to_device(kGpu), k.to_device(kGpu), v.to_device(kGpu), mask.to_device(kGpu)},
+              scale);
+          const auto ref =
+              attention_outputs(DeviceKind::Cpu, {f64(q), f64(k), f64(v), f64(mask)}, scale);
+          EXPECT_TRUE(near(values(gpu[0].to_device(kCpu)), values(ref[0]))) << "out";
+          EXPECT_TRUE(all_close(values(gpu[1].to_device(kCpu)), values(ref[1]), 1e-5, 1e-5))
+              << "lse";
+          // The backward from the GPU's own forward outputs, against f64 from the same values.
+          OpAttrs a;
+          a.f0 = scale;
+          const std::vector<Tensor> in = {q, k, v, mask, gpu[0].to_device(kCpu),
+                                          gpu[1].to_device(kCpu), dout};
+          std::vector<Tensor> gin, fin;
+          for (const Tensor& t : in) {
+            gin.push_back(t.to_device(kGpu));
+            fin.push_back(f64(t));
+          }
+          const auto gb = dispatch(OpId::attention_bwd, gin, a);
+          const auto fb = dispatch(OpId::attention_bwd, fin, a);
+          for (size_t i = 0; i < 3; ++i)
+            EXPECT_TRUE(near(values(gb[i].to_device(kCpu)), values(fb[i]))) << i;
         }
-        const auto gb = dispatch(OpId::attention_bwd, gin, a);
-        const auto fb = dispatch(OpId::attention_bwd, fin, a);
-        for (size_t i = 0; i < 3; ++i)
-          EXPECT_TRUE(near(values(gb[i].to_device(kCpu)), values(fb[i]))) << i;
-      }
 }
 
 // Through autograd: the model's attention (ops::attention with a padding mask) on the GPU gives
