@@ -57,7 +57,8 @@ log "configure + build"
 cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DTAPER_ASSERTS=ON -DTAPER_CUDA=ON \
   -DTAPER_HWY_STATIC_ONLY=ON -DCMAKE_PREFIX_PATH="$D/usr" -DPKG_CONFIG_EXECUTABLE="$D/usr/bin/pkgconf" \
   >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
-cmake --build build/gpu -j"$(nproc)" >"$OUT/build.log" 2>&1 || { grep -E "error" -A5 "$OUT/build.log" | head -80; exit 1; }
+# BUILD_TARGETS: only these (e.g. finetune for the train step); default everything.
+cmake --build build/gpu -j"$(nproc)" ${BUILD_TARGETS:+--target $BUILD_TARGETS} >"$OUT/build.log" 2>&1 || { grep -E "error" -A5 "$OUT/build.log" | head -80; exit 1; }
 log "built"
 
 for step in "$@"; do
