@@ -491,10 +491,16 @@ std::vector<Tensor> scatter_add_kernel(const std::vector<Tensor>& in, const OpAt
       using I = decltype(itag);
       if constexpr (!std::is_same_v<I, NoIdx>) {
         const I* ip = ptr<const I>(idx);
-        std::vector<size_t> cdims = idx.dims();
-        cdims[d] = 1;  // dropped by make_strided
-        const Strided<3> cols = make_strided<3>(Shape(cdims), {&src.strides(), &idx.strides(), &os});
+        // Offsets of src, idx and out per column (idx's positions with d dropped); built only
+        // by the plans that walk columns (the sorted plan's positions may coalesce where these
+        // do not).
+        auto columns = [&] {
+          std::vector<size_t> cdims = idx.dims();
+          cdims[d] = 1;  // dropped by make_strided
+          return make_strided<3>(Shape(cdims), {&src.strides(), &idx.strides(), &os});
+        };
         if (J <= kSerialJ || ncols >= kSerialCols) {
+          const Strided<3> cols = columns();
           scatter_serial_kernel<T, I><<<grid_for(static_cast<size_t>(ncols), ordinal, kBlock),
                                         kBlock, 0, st>>>(
               ptr<T>(out), ptr<const T>(src), ip, cols, ncols, J,
@@ -503,6 +509,7 @@ std::vector<Tensor> scatter_add_kernel(const std::vector<Tensor>& in, const OpAt
           return;
         }
         if (one_index_per_row(idx, d)) {  // row plan: sort the J indices only
+          const Strided<3> cols = columns();
           SortPairs p(static_cast<size_t>(J), x.device());
           scatter_row_keys_kernel<I><<<grid_for(static_cast<size_t>(J), ordinal, kBlock), kBlock,
                                        0, st>>>(ip, idx.strides()[d], J, lim, p.keys.Current(),
