@@ -131,52 +131,64 @@ template <class D> HWY_INLINE void Split(D d, hn::Vec<D> x, hn::Vec<D>& hi, hn::
   lo = hn::Sub(x, hi);
 }
 
+/// For x in [-60, 60]: erfc(-x/sqrt2) and exp(-x^2/2), f64-accurate, double lanes. x/sqrt2 is
+/// carried as a double-double a + da (negated), erfc(a) = exp(-a^2) erfcx(|a|) (2 minus that
+/// for a < 0) with a^2 as a double-double too, and both results take da's first-order
+/// correction: erfc(a + da) = erfc(a) - (2/sqrt(pi)) exp(-a^2) da, exp(-(a + da)^2) =
+/// exp(-a^2) (1 - 2 a da).
+template <class D>
+HWY_INLINE void ErfcAndGauss(D d, hn::Vec<D> xc, hn::Vec<D>& erfc, hn::Vec<D>& gauss) {
+  // x/sqrt2 as s + err (double-double): 1/sqrt2 = kRh + kRl with kRh of 26 bits.
+  const auto kRh = hn::Set(d, 0.7071067839860916137695312);
+  const auto kRl = hn::Set(d, -2.7995440893686869e-09);
+  hn::Vec<D> xh, xl;
+  Split(d, xc, xh, xl);
+  const auto p1 = hn::Mul(xh, kRh);  // exact
+  const auto p2 = hn::Mul(xl, kRh);  // exact
+  const auto s0 = hn::Add(p1, p2);
+  const auto e0 = hn::MulAdd(xc, kRl, hn::Add(hn::Sub(p1, s0), p2));  // Fast2Sum, |p1| >= |p2|
+  // Renormalise so that |da| <= ulp(a)/2: the first-order corrections below then leave a
+  // second-order error of ~(2 a da)^2, far below f64 rounding.
+  const auto s = hn::Add(s0, e0);
+  const auto err = hn::Add(hn::Sub(s0, s), e0);
+  const auto a = hn::Neg(s);  // erfc argument; the true argument is a + da
+  const auto da = hn::Neg(err);
+  const auto b = hn::Abs(a);
+  // erfcx(b) by Clenshaw.
+  const auto k3 = hn::Set(d, 3.0);
+  const auto y = hn::Div(hn::Sub(b, k3), hn::Add(b, k3));
+  const auto y2 = hn::Add(y, y);
+  auto b1 = hn::Zero(d), b2 = hn::Zero(d);
+  for (int k = 25; k >= 1; --k) {
+    const auto t = hn::Add(hn::MulSub(y2, b1, b2), hn::Set(d, kErfcxCheb[k]));
+    b2 = b1;
+    b1 = t;
+  }
+  const auto h = hn::Add(hn::MulSub(y, b1, b2), hn::Set(d, kErfcxCheb[0]));
+  const auto q = hn::Div(h, hn::MulAdd(hn::Set(d, 1.772453850905516104), b, hn::Set(d, 1.0)));
+  // g = exp(-b^2) with b^2 = bb + bb_lo (Dekker product): exp(-bb) * (1 - bb_lo).
+  hn::Vec<D> bh, bl;
+  Split(d, b, bh, bl);
+  const auto bb = hn::Mul(b, b);
+  const auto bb_lo = hn::MulAdd(
+      bl, bl, hn::MulAdd(hn::Add(bh, bh), bl, hn::MulSub(bh, bh, bb)));
+  const auto g = hn::Mul(SafeExp(d, hn::Neg(bb)), hn::Sub(hn::Set(d, 1.0), bb_lo));
+  // erfc(a) = g q (a >= 0), 2 - g q (a < 0).
+  const auto cda = hn::Mul(hn::Set(d, 1.1283791670955125586), da);
+  const auto e_pos = hn::Mul(g, hn::Sub(q, cda));
+  const auto e_neg = hn::NegMulAdd(g, hn::Add(q, cda), hn::Set(d, 2.0));
+  erfc = hn::IfThenElse(hn::Ge(a, hn::Zero(d)), e_pos, e_neg);
+  gauss = hn::NegMulAdd(hn::Add(a, a), hn::Mul(da, g), g);
+}
+
 /// gelu_erf(x) = 0.5 x erfc(-x/sqrt2), double lanes.
 struct GeluErfF64 {
   template <class D> HWY_INLINE hn::Vec<D> operator()(D d, hn::Vec<D> x) const {
     static_assert(std::is_same_v<hn::TFromD<D>, double>, "gelu_erf computes in f64");
     // Beyond |x| = 60 the result is x (erfc(-42) == 2) or -0 (underflow): clamp, patch below.
     const auto xc = hn::Min(hn::Max(x, hn::Set(d, -60.0)), hn::Set(d, 60.0));
-    // x/sqrt2 as s + err (double-double): 1/sqrt2 = kRh + kRl with kRh of 26 bits.
-    const auto kRh = hn::Set(d, 0.7071067839860916137695312);
-    const auto kRl = hn::Set(d, -2.7995440893686869e-09);
-    hn::Vec<D> xh, xl;
-    Split(d, xc, xh, xl);
-    const auto p1 = hn::Mul(xh, kRh);  // exact
-    const auto p2 = hn::Mul(xl, kRh);  // exact
-    const auto s0 = hn::Add(p1, p2);
-    const auto e0 = hn::MulAdd(xc, kRl, hn::Add(hn::Sub(p1, s0), p2));  // Fast2Sum, |p1| >= |p2|
-    // Renormalise so that |da| <= ulp(a)/2: the first-order correction below then leaves a
-    // second-order error of ~(2 a da)^2, far below f64 rounding.
-    const auto s = hn::Add(s0, e0);
-    const auto err = hn::Add(hn::Sub(s0, s), e0);
-    const auto a = hn::Neg(s);  // erfc argument; the true argument is a + da
-    const auto da = hn::Neg(err);
-    const auto b = hn::Abs(a);
-    // erfcx(b) by Clenshaw.
-    const auto k3 = hn::Set(d, 3.0);
-    const auto y = hn::Div(hn::Sub(b, k3), hn::Add(b, k3));
-    const auto y2 = hn::Add(y, y);
-    auto b1 = hn::Zero(d), b2 = hn::Zero(d);
-    for (int k = 25; k >= 1; --k) {
-      const auto t = hn::Add(hn::MulSub(y2, b1, b2), hn::Set(d, kErfcxCheb[k]));
-      b2 = b1;
-      b1 = t;
-    }
-    const auto h = hn::Add(hn::MulSub(y, b1, b2), hn::Set(d, kErfcxCheb[0]));
-    const auto q = hn::Div(h, hn::MulAdd(hn::Set(d, 1.772453850905516104), b, hn::Set(d, 1.0)));
-    // g = exp(-b^2) with b^2 = bb + bb_lo (Dekker product): exp(-bb) * (1 - bb_lo).
-    hn::Vec<D> bh, bl;
-    Split(d, b, bh, bl);
-    const auto bb = hn::Mul(b, b);
-    const auto bb_lo = hn::MulAdd(
-        bl, bl, hn::MulAdd(hn::Add(bh, bh), bl, hn::MulSub(bh, bh, bb)));
-    const auto g = hn::Mul(SafeExp(d, hn::Neg(bb)), hn::Sub(hn::Set(d, 1.0), bb_lo));
-    // erfc(a + da) = erfc(a) - (2/sqrt(pi)) exp(-a^2) da; erfc(a) = g q (a >= 0), 2 - g q (a < 0).
-    const auto cda = hn::Mul(hn::Set(d, 1.1283791670955125586), da);
-    const auto e_pos = hn::Mul(g, hn::Sub(q, cda));
-    const auto e_neg = hn::NegMulAdd(g, hn::Add(q, cda), hn::Set(d, 2.0));
-    const auto erfc = hn::IfThenElse(hn::Ge(a, hn::Zero(d)), e_pos, e_neg);
+    hn::Vec<D> erfc, gauss;
+    ErfcAndGauss(d, xc, erfc, gauss);
     auto r = hn::Mul(hn::Mul(hn::Set(d, 0.5), xc), erfc);
     r = hn::IfThenElse(hn::Gt(x, hn::Set(d, 60.0)), x, r);
     r = hn::IfThenElse(hn::Lt(x, hn::Set(d, -60.0)), hn::Set(d, -0.0), r);
@@ -458,12 +470,11 @@ void UnaryF64(int op, const double* HWY_RESTRICT in, double* HWY_RESTRICT out, s
 // ---- gelu_erf_bwd -----------------------------------------------------------------------------
 
 /// dx = g (Phi(x) + x phi(x)), the derivative of gelu_erf = x Phi(x), in f64 lanes for every
-/// dtype, rounded once at the store. Phi = gelu_erf(x) / x from GeluErfF64 (f64-accurate), 1/2
-/// for |x| < 1e-20 (no division of a subnormal); phi = exp(-x^2/2) / sqrt(2 pi). Beyond
-/// |x| = 37 the factor is its limit, 1 (x > 0) or 0 (x < 0): exact for x > 37, and below
-/// -37 the true factor is under 1e-294. So +inf gives g and -inf gives 0; NaN stays NaN. In
-/// f64 the rounding of x^2 costs up to x^2/2 ulp through the exp (the other dtypes round the
-/// f64 value once, far coarser).
+/// dtype, rounded once at the store. Phi = erfc(-x/sqrt2) / 2 and phi = exp(-x^2/2) / sqrt(2 pi)
+/// both from ErfcAndGauss (f64-accurate, one exp for the two); Phi is 1/2 for |x| < 1e-20, as
+/// the CUDA kernel takes it. Beyond |x| = 37 the factor is its limit, 1 (x > 0) or 0 (x < 0):
+/// exact for x > 37, and below -37 the true factor is under 1e-294. So +inf gives g and -inf
+/// gives 0; NaN stays NaN.
 struct GeluErfBwdF64 {
   template <class D>
   HWY_INLINE hn::Vec<D> operator()(D d, hn::Vec<D> x, hn::Vec<D> g) const {
@@ -473,10 +484,10 @@ struct GeluErfBwdF64 {
     const auto tiny = hn::Lt(ax, hn::Set(d, 1e-20));
     const auto one = hn::Set(d, 1.0);
     const auto xc = hn::IfThenElse(big, hn::CopySign(hn::Set(d, 37.0), x), x);
-    const auto cdf = hn::IfThenElse(
-        tiny, hn::Set(d, 0.5), hn::Div(GeluErfF64()(d, xc), hn::IfThenElse(tiny, one, xc)));
-    const auto pdf = hn::Mul(SafeExp(d, hn::Mul(hn::Mul(xc, xc), hn::Set(d, -0.5))),
-                             hn::Set(d, 0.3989422804014327));  // 1 / sqrt(2 pi)
+    hn::Vec<D> erfc, gauss;
+    ErfcAndGauss(d, xc, erfc, gauss);
+    const auto cdf = hn::IfThenElse(tiny, hn::Set(d, 0.5), hn::Mul(hn::Set(d, 0.5), erfc));
+    const auto pdf = hn::Mul(gauss, hn::Set(d, 0.3989422804014327));  // 1 / sqrt(2 pi)
     const auto lim = hn::IfThenElse(hn::Gt(x, hn::Zero(d)), one, hn::Zero(d));
     return hn::Mul(g, hn::IfThenElse(big, lim, hn::MulAdd(xc, pdf, cdf)));
   }
