@@ -338,9 +338,10 @@ __device__ float gelu_erf_bwd_f32(float x, float g) {
   return g * fmaf(x, pdf, cdf);
 }
 
-/// dx = g (Phi(x) + x phi(x)) in f64 for f32 and f64, as cpu/unary.cpp's GeluErfBwdF64: Phi =
-/// gelu_erf(x) / x (1/2 below |x| = 1e-20), phi = exp(-x^2/2) / sqrt(2 pi), and beyond |x| = 37
-/// the limits 1 (x > 0) and 0. NaN stays NaN.
+/// dx = g (Phi(x) + x phi(x)) in f64 for f32 and f64: Phi = gelu_erf(x) / x (1/2 below
+/// |x| = 1e-20), phi = exp(-x^2/2) / sqrt(2 pi), and beyond |x| = 37 the limits 1 (x > 0) and
+/// 0, as cpu/unary.cpp's GeluErfBwdF64 has them. NaN stays NaN. Here x^2 is rounded before the
+/// exp (up to x^2/2 ulp of phi), where the CPU carries it as a double-double since 44d54a4.
 __device__ double gelu_erf_bwd_f64(double x, double g) {
   const double ax = fabs(x);
   if (ax > 37.0) return g * (x > 0.0 ? 1.0 : 0.0);
