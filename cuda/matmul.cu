@@ -30,14 +30,15 @@
 // stream(ordinal), never destroyed (like the streams: static tensors may outlive statics).
 // Every cuBLAS status is checked (TAPER_CUBLAS_CHECK): a failure is a taper::Error naming the
 // call, its status, file:line and the input shapes.
-// What it is not: a GEMM of our own, cuBLASLt epilogues, or integer matmul (not registered).
+// linear (x w^T + b, below) is one cuBLASLt call with the bias in its epilogue.
+// What it is not: a GEMM of our own, or integer matmul (not registered).
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
 #include <algorithm>
 #include <climits>
-#include <map>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <vector>
@@ -68,8 +69,6 @@ namespace {
       throw_cublas_error(taper_st_, #call, __FILE__, __LINE__, (a), (b));            \
   } while (0)
 
-/// The cuBLAS handle of device `ordinal` (created on first use, bound to stream(ordinal)); also
-/// makes `ordinal` the calling thread's current device.
 /// A device's cuBLAS workspace (32 MiB, what cuBLAS recommends for Hopper), shared by its cuBLAS
 /// handle and the cuBLASLt calls of linear: both run on the device's one stream, in order.
 constexpr size_t kWorkspace = size_t(32) << 20;
@@ -78,6 +77,8 @@ std::vector<void*>& workspaces() {
   return *w;
 }
 
+/// The cuBLAS handle of device `ordinal` (created on first use, bound to stream(ordinal)); also
+/// makes `ordinal` the calling thread's current device.
 cublasHandle_t handle(int ordinal, const Tensor& a, const Tensor& b) {
   static std::mutex mu;
   static std::vector<cublasHandle_t>* handles = new std::vector<cublasHandle_t>();  // leaked
@@ -350,9 +351,10 @@ std::vector<Tensor> matmul_kernel(const std::vector<Tensor>& in, const OpAttrs&)
 // ---- linear: y = x w^T + b in one cuBLASLt call, the bias added in the GEMM's epilogue --------
 // x (R, in) and w (out, in) contiguous (the registry makes them so), b (out) or absent. Column-
 // major, y^T (out x R) = op_T(w as (in x out), ld in) * (x as (in x R), ld in), and the bias is a
-// vector over y^T's rows. The epilogue adds it to the f32 (or f64) sum before the one rounding
-// to y's type, where matmul then add rounds twice. Split-K partials stay in the compute type
-// (reduction schemes NONE or COMPUTE_TYPE only), as the handle's math mode asks of cublasGemmEx.
+// vector over y^T's rows. The epilogue adds it to the f32 sum before the one rounding to y's
+// type, where matmul then add rounds twice (bf16, f16, f32; f64 runs linear's composed form).
+// Split-K partials stay in the compute type (reduction schemes NONE or COMPUTE_TYPE only), as
+// the handle's math mode asks of cublasGemmEx.
 // Plans (descriptors and the heuristic's algorithm) are cached per shape, dtype, TF32 setting and
 // pointer alignment, so a call costs no heuristic query after the first and a captured call uses
 // the eager call's algorithm.
@@ -432,8 +434,7 @@ std::vector<Tensor> linear_kernel(const std::vector<Tensor>& in, const OpAttrs&)
     return {y};
   }
   (void)handle(ord, x, w);  // the device's workspace
-  const GemmTypes ty = gemm_types(y.dtype());
-  const bool f64 = ty.compute == CUBLAS_COMPUTE_64F;
+  const GemmTypes ty = gemm_types(y.dtype());  // f32 compute: f64 is not registered
   uint32_t align = std::min({alignment(x.data_ptr()), alignment(w.data_ptr()),
                              alignment(y.data_ptr())});
   if (has_b) align = std::min(align, alignment(in[2].data_ptr()));
@@ -446,8 +447,7 @@ std::vector<Tensor> linear_kernel(const std::vector<Tensor>& in, const OpAttrs&)
   auto it = plans->find(key);
   if (it == plans->end()) {
     LtPlan p;
-    const cudaDataType_t scale = f64 ? CUDA_R_64F : CUDA_R_32F;
-    TAPER_LT_CHECK(cublasLtMatmulDescCreate(&p.desc, ty.compute, scale));
+    TAPER_LT_CHECK(cublasLtMatmulDescCreate(&p.desc, ty.compute, CUDA_R_32F));
     const cublasOperation_t opt = CUBLAS_OP_T, opn = CUBLAS_OP_N;
     TAPER_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opt, sizeof(opt)));
     TAPER_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opn, sizeof(opn)));
@@ -492,11 +492,8 @@ std::vector<Tensor> linear_kernel(const std::vector<Tensor>& in, const OpAttrs&)
     const void* bp = in[2].data_ptr();
     TAPER_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)));
   }
-  const float one_f = 1.0f, zero_f = 0.0f;
-  const double one_d = 1.0, zero_d = 0.0;
-  const void* alpha = f64 ? static_cast<const void*>(&one_d) : static_cast<const void*>(&one_f);
-  const void* beta = f64 ? static_cast<const void*>(&zero_d) : static_cast<const void*>(&zero_f);
-  TAPER_LT_CHECK(cublasLtMatmul(lt, p.desc, alpha, w.data_ptr(), p.lw, x.data_ptr(), p.lx, beta,
+  const float alpha = 1.0f, beta = 0.0f;
+  TAPER_LT_CHECK(cublasLtMatmul(lt, p.desc, &alpha, w.data_ptr(), p.lw, x.data_ptr(), p.lx, &beta,
                                 y.data_ptr(), p.ly, y.data_ptr(), p.ly, &p.algo,
                                 workspaces()[static_cast<size_t>(ord)], kWorkspace, st));
   return {y};
