@@ -8,9 +8,11 @@
 // work that last used it (no sync needed). Copies to the host wait for the stream.
 #include <atomic>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <sstream>
+#include <tuple>
 
 #include "cuda/cuda_common.cuh"
 #include "taper/device.h"
@@ -152,6 +154,53 @@ unsigned grid_for(size_t n, int ordinal, int threads) {
   const size_t need = (n + static_cast<size_t>(threads) - 1) / static_cast<size_t>(threads);
   const size_t cap = static_cast<size_t>(device_props(ordinal).multiProcessorCount) * 32;
   return static_cast<unsigned>(need < cap ? need : cap);
+}
+
+int resident_blocks(const void* kernel, int threads, size_t smem, int cluster, int ordinal) {
+  check_ordinal(ordinal);
+  using Key = std::tuple<const void*, int, size_t, int, int>;
+  static std::mutex mu;
+  static std::map<Key, int> found;
+  // The limit each kernel has on each device: only ever raised, since one kernel is launched
+  // with several sizes (a lower limit would refuse the larger launches found before).
+  static std::map<std::pair<const void*, int>, size_t> limit;
+  const Key key{kernel, threads, smem, cluster, ordinal};
+  std::lock_guard<std::mutex> g(mu);
+  if (const auto it = found.find(key); it != found.end()) return it->second;
+  int blocks = 0;
+  (void)stream(ordinal);  // makes `ordinal` current: function attributes are per device
+  size_t& lim = limit[{kernel, ordinal}];
+  cudaError_t e = cudaSuccess;
+  if (smem > lim) {
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(smem));
+    if (e == cudaSuccess) lim = smem;
+  }
+  if (e == cudaSuccess) {
+    if (cluster <= 1) {
+      int per_sm = 0;
+      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
+      if (e == cudaSuccess) blocks = per_sm * device_props(ordinal).multiProcessorCount;
+    } else {
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(static_cast<unsigned>(cluster));
+      cfg.blockDim = dim3(static_cast<unsigned>(threads));
+      cfg.dynamicSmemBytes = smem;
+      cudaLaunchAttribute attr = {};
+      attr.id = cudaLaunchAttributeClusterDimension;
+      attr.val.clusterDim.x = static_cast<unsigned>(cluster);
+      attr.val.clusterDim.y = 1;
+      attr.val.clusterDim.z = 1;
+      cfg.attrs = &attr;
+      cfg.numAttrs = 1;
+      int clusters = 0;
+      e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
+      if (e == cudaSuccess) blocks = clusters * cluster;
+    }
+  }
+  if (e != cudaSuccess) (void)cudaGetLastError();  // a refusal is an answer (0), not left pending
+  found.emplace(key, blocks);
+  return blocks;
 }
 
 namespace {

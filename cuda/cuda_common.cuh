@@ -83,6 +83,14 @@ inline constexpr int kThreads = 256;
 /// times over, never more than the items need.
 unsigned grid_for(size_t n, int ordinal, int threads = kThreads);
 
+/// Blocks of `kernel` (a __global__ function) that device `ordinal` holds at once when launched
+/// with `threads` threads, `smem` bytes of dynamic shared memory and `cluster` blocks per cluster
+/// (1: no cluster): resident blocks per multiprocessor times their count, or resident clusters
+/// times `cluster`. Raises the kernel's dynamic shared memory limit to `smem` on that device
+/// first. Found once per (kernel, threads, smem, cluster, device); 0 when it cannot run so (the
+/// caller takes another plan). For persistent grids, whose blocks loop over the work.
+int resident_blocks(const void* kernel, int threads, size_t smem, int cluster, int ordinal);
+
 /// Most dims an operand keeps after coalescing (rank-1 dims dropped, dense neighbours merged).
 inline constexpr int kMaxDims = 12;
 

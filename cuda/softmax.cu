@@ -35,12 +35,18 @@
 //     from memory.
 //   Aligned and unaligned rows take separate instantiations, so that the element-wise
 //   fallback's guards do not cost the vector kernels registers.
+//   pipelined (aligned on-chip rows of bf16, f16 and f64): the same teams and vectors, in a
+//     persistent grid (the blocks the device holds, each taking rows first, first + stride, ...),
+//     each thread copying its own vectors kStages - 1 rows ahead into its own shared-memory
+//     slots with cp.async; without it an SM has only its resident rows' loads in flight, and
+//     none while they reduce and store.
 // Bytes moved (s = sizeof(T), n = R D): forward 2ns + 2R sizeof(C) (x read, y written, stats);
 // softmax and log-softmax backward 3ns + 2R sizeof(C) (x, dy read, dx written). Streamed rows
 // read x (forward), x and dy (softmax backward) or dy (log-softmax backward) a second time, from
 // L2 while it holds them.
 //
-// Determinism: every plan depends on (D, dtype, op) only; each thread folds its values in a fixed
+// Determinism: every row's plan depends on (D, dtype, op) only (a persistent grid's size depends
+// on the device, but not which threads hold which values); each thread folds its values in a fixed
 // order, warps by fixed shuffle trees, blocks by a fixed fold of the warp totals in shared memory,
 // clusters by every block folding the block totals in rank order: no atomics, the same bits on
 // every run.
@@ -100,6 +106,26 @@ template <class T, Kind K> constexpr int stream_nv() {
   return most < 4 ? most : 4;
 }
 constexpr int64_t kMaxGrid = int64_t{1} << 30;  ///< more rows loop (grid stride)
+/// Arrays an on-chip row brings in: x (forward), x and dy (backward).
+template <Kind K> inline constexpr int kArrays = is_bwd(K) ? 2 : 1;
+/// 16-byte slots a thread has in each stage of the pipelined rows: its on-chip vectors of each
+/// array, and in the backward one for the row's saved (m, l).
+template <class T, Kind K>
+inline constexpr int kSlots = kArrays<K> * kNv<T, K> + (is_bwd(K) ? 1 : 0);
+/// Stages of the pipelined rows, so that kStages - 1 rows are in flight while one is computed:
+/// 3 for the half types (64-80 bytes a thread a stage: 48-60 KB for a block of 256 threads,
+/// three of which fit an SM), 2 for f64 (128-144 bytes: 64-72 KB, two blocks).
+template <class T> inline constexpr int kStages = is_half_v<T> ? 3 : 2;
+/// Whether T's aligned on-chip rows take the pipelined kernels. f32 does not: its rows were at
+/// 90-100 % of the copy already, and pipelined they lost up to 11 % (H100, run 30 of
+/// docs/cuda.md: 4096x16384 forward 195.8 -> 216.6 us), while bf16 gained 19-26 % and f64 17-21 %.
+template <class T> inline constexpr bool kPipe = !std::is_same_v<T, float>;
+/// Resident blocks the pipelined kernels are built for (their register bound): f64's rows spill
+/// at three (80 registers).
+template <class T> inline constexpr int kPipeMinBlocks = sizeof(T) == 8 ? 2 : 3;
+template <class T, Kind K> constexpr size_t pipe_smem(int threads) {
+  return static_cast<size_t>(kStages<T>) * kSlots<T, K> * threads * 16;
+}
 
 __host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -285,19 +311,49 @@ __device__ __forceinline__ void load_row(const T* row, int n, int t, int G, bool
   for (int k = 0; k < NV; ++k) load_any<false>(row, (t + k * G) * kVec<T>, n, vec, fill, v[k]);
 }
 
+/// The thread's slot of vector k of array `arr` in a pipeline stage (prefetch_row's layout).
+template <class T, Kind K>
+__device__ __forceinline__ const uint4& slot(const uint4* stage, int arr, int k) {
+  return stage[(arr * kNv<T, K> + k) * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)];
+}
+
+/// A thread's NV on-chip vectors of array `arr`, as load_row, from its slots of a pipeline stage
+/// (kPipe; the row is aligned) or from `row` in global memory.
+template <bool kPipe, bool kAl, class T, Kind K, int NV>
+__device__ __forceinline__ void get_row(const uint4* stage, int arr, const T* row, int n, int t,
+                                        int G, compute_t<T> fill,
+                                        compute_t<T> (&v)[NV][kVec<T>]) {
+  if constexpr (kPipe) {
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      if ((t + k * G) * kVec<T> < n) {
+        widen16<T>(slot<T, K>(stage, arr, k), v[k]);
+      } else {
+#pragma unroll
+        for (int l = 0; l < kVec<T>; ++l) v[k][l] = fill;
+      }
+    }
+  } else {
+    load_row<T, NV>(row, n, t, G, kAl, fill, v);
+  }
+}
+
 /// Writes a thread's on-chip vectors: element (k, l) gets f(k, l, x_kl), x_kl the element of
-/// `src` there when kSrc (0 otherwise), loaded vector by vector as it is written. kMayNaN =
-/// false: f is never NaN (store_any).
-template <bool kSrc, bool kMayNaN, class T, int NV, class F>
+/// `src` there when kSrc (0 otherwise), loaded vector by vector as it is written (kPipe: from
+/// array 0 of the thread's slots in `stage`). kMayNaN = false: f is never NaN (store_any).
+template <bool kSrc, bool kMayNaN, class T, int NV, bool kPipe = false, Kind K = Kind::kFwd,
+          class F>
 __device__ __forceinline__ void write_row(T* out, const T* src, int n, int t, int G, bool vec,
-                                          F f) {
+                                          F f, const uint4* stage = nullptr) {
   using C = compute_t<T>;
 #pragma unroll
   for (int k = 0; k < NV; ++k) {
     const int i0 = (t + k * G) * kVec<T>;
     if (i0 >= n) continue;
     C xv[kVec<T>];
-    if constexpr (kSrc) {
+    if constexpr (kSrc && kPipe) {
+      widen16<T>(slot<T, K>(stage, 0, k), xv);
+    } else if constexpr (kSrc) {
       load_any<false>(src, i0, n, vec, C(0), xv);
     } else {
 #pragma unroll
@@ -325,9 +381,11 @@ template <class T> struct RowArgs {
 
 /// One row (row < R when active) held in registers by `team`. Every thread of the team runs the
 /// same reductions whatever its row holds (inactive rows too); only memory accesses are guarded.
-template <class T, Kind K, bool kAl, class Team>
+/// kPipe: the row's inputs (x, dy, the saved stats) are in the thread's slots of `stage`, where
+/// prefetch_row put them; otherwise they are read from global memory.
+template <class T, Kind K, bool kAl, class Team, bool kPipe = false>
 __device__ __forceinline__ void onchip_row(const RowArgs<T>& a, int64_t row, bool active,
-                                           const Team& team) {
+                                           const Team& team, const uint4* stage = nullptr) {
   using C = compute_t<T>;
   constexpr int V = kVec<T>, NV = kNv<T, K>;
   const int G = team.size, t = team.rank;
@@ -339,7 +397,7 @@ __device__ __forceinline__ void onchip_row(const RowArgs<T>& a, int64_t row, boo
 
   if constexpr (!is_bwd(K)) {
     C v[NV][V];
-    load_row<T, NV>(xr, n, t, G, kAl, -inf, v);
+    get_row<kPipe, kAl, T, K, NV>(stage, 0, xr, n, t, G, -inf, v);
     C m = -inf;
 #pragma unroll
     for (int k = 0; k < NV; ++k)
@@ -388,15 +446,22 @@ __device__ __forceinline__ void onchip_row(const RowArgs<T>& a, int64_t row, boo
     }
     team.wait();
   } else {
-    const C m0 = active ? a.st[2 * row] : C(0), l0 = active ? a.st[2 * row + 1] : C(0);
+    C m0 = C(0), l0 = C(0);
+    if (active) {
+      const C* sv = kPipe ? reinterpret_cast<const C*>(&stage[kArrays<K> * NV * blockDim.x +
+                                                             threadIdx.x])
+                          : a.st + 2 * row;
+      m0 = sv[0];
+      l0 = sv[1];
+    }
     const bool ok = std::isfinite(m0);  // else the forward row was NaN (NaN, all -inf, +inf)
     const C m = ok ? m0 : C(0), l = ok ? l0 : C(0);
     const int nl = ok ? n : 0;  // a NaN row loads nothing
     const T* dyr = a.dy + off;
     if constexpr (K == Kind::kBwd) {
       C y[NV][V], g[NV][V];
-      load_row<T, NV>(xr, nl, t, G, kAl, -inf, y);  // padding: y = exp(-inf) = 0
-      load_row<T, NV>(dyr, nl, t, G, kAl, C(0), g);
+      get_row<kPipe, kAl, T, K, NV>(stage, 0, xr, nl, t, G, -inf, y);  // padding: y = 0
+      get_row<kPipe, kAl, T, K, NV>(stage, 1, dyr, nl, t, G, C(0), g);
       C s = 0;
 #pragma unroll
       for (int k = 0; k < NV; ++k)
@@ -415,7 +480,7 @@ __device__ __forceinline__ void onchip_row(const RowArgs<T>& a, int64_t row, boo
       }
     } else {
       C g[NV][V];
-      load_row<T, NV>(dyr, nl, t, G, kAl, C(0), g);
+      get_row<kPipe, kAl, T, K, NV>(stage, 1, dyr, nl, t, G, C(0), g);
       C s = 0;
 #pragma unroll
       for (int k = 0; k < NV; ++k)
@@ -426,9 +491,10 @@ __device__ __forceinline__ void onchip_row(const RowArgs<T>& a, int64_t row, boo
       if (!ok) {
         write_row<false, true, T, NV>(outr, xr, n, t, G, kAl, [&](int, int, C) { return nanv; });
       } else {
-        write_row<true, true, T, NV>(outr, xr, n, t, G, kAl, [&](int k, int l2, C xv) {
-          return fma_c(-exp_y<T>((xv - m) - l), s, g[k][l2]);
-        });
+        write_row<true, true, T, NV, kPipe, K>(
+            outr, xr, n, t, G, kAl,
+            [&](int k, int l2, C xv) { return fma_c(-exp_y<T>((xv - m) - l), s, g[k][l2]); },
+            stage);
       }
     }
     team.wait();
@@ -462,6 +528,77 @@ __global__ void __launch_bounds__(kRowBlock, 3) block_rows_kernel(RowArgs<T> a) 
   const int64_t clusters = gridDim.x / cs;
   for (int64_t row = blockIdx.x / cs; row < a.R; row += clusters)  // uniform per cluster
     onchip_row<T, K, kAl>(a, row, true, team);
+}
+
+// ---- pipelined on-chip rows (aligned) -------------------------------------------------------
+//
+// The kernels above issue a row's loads, then wait for them with nothing else in flight: each
+// SM has only its resident rows' bytes on the way, and their reductions and stores leave the
+// memory idle. The pipelined kernels are persistent (a grid of the blocks the device holds, each
+// taking rows first, first + stride, ...) and copy the rows kStages - 1 iterations ahead into
+// shared memory with cp.async, each thread its own vectors into its own slots, so that no
+// barrier is needed between the copy and the read. A row's arithmetic, and so its bits, is the
+// same as in the kernels above.
+
+/// Issues the cp.async copies of one row (row < R when active) into the calling thread's slots
+/// of `stage`: its on-chip vectors of x (and dy), and in the backward the row's saved (m, l).
+/// Vectors past the row are not copied (get_row fills them).
+template <class T, Kind K>
+__device__ __forceinline__ void prefetch_row(uint4* stage, const RowArgs<T>& a, int64_t row,
+                                             bool active, int t, int G) {
+  if (!active) return;
+  constexpr int V = kVec<T>, NV = kNv<T, K>;
+  const int n = static_cast<int>(a.D);
+  const int64_t off = row * a.D;
+  const int B = static_cast<int>(blockDim.x), i = static_cast<int>(threadIdx.x);
+#pragma unroll
+  for (int arr = 0; arr < kArrays<K>; ++arr) {
+    const T* p = (arr == 0 ? a.x : a.dy) + off;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int i0 = (t + k * G) * V;
+      if (i0 < n) cp_async<16>(&stage[(arr * NV + k) * B + i], p + i0);
+    }
+  }
+  if constexpr (is_bwd(K))
+    cp_async<static_cast<int>(2 * sizeof(compute_t<T>))>(&stage[kArrays<K> * NV * B + i],
+                                                          a.st + 2 * row);
+}
+
+/// Rows base + group, base + stride + group, ... (base < R) through onchip_row, each row's
+/// copies issued kStages - 1 rows ahead. `base` and `stride` are uniform across the team.
+template <class T, Kind K, class Team>
+__device__ __forceinline__ void pipe_rows(const RowArgs<T>& a, int64_t base, int64_t stride,
+                                          int group, const Team& team) {
+  extern __shared__ uint4 pipe_smem_[];
+  const int t = team.rank, G = team.size;
+  pipelined_rows<kStages<T>>(
+      base, stride, a.R, pipe_smem_, kSlots<T, K> * static_cast<int>(blockDim.x),
+      [&](uint4* stage, int64_t b) { prefetch_row<T, K>(stage, a, b + group, b + group < a.R, t, G); },
+      [&](const uint4* stage, int64_t b) {
+        onchip_row<T, K, true, Team, true>(a, b + group, b + group < a.R, team, stage);
+      });
+}
+
+/// warp_rows_kernel's rows, pipelined: G = 2^glog2 lanes per row, 256 / G rows per block.
+template <class T, Kind K>
+__global__ void __launch_bounds__(kWarpBlock, kPipeMinBlocks<T>) warp_rows_pipe_kernel(RowArgs<T> a, int glog2) {
+  const int rows_per_block = kWarpBlock >> glog2;
+  const WarpTeam team{1 << glog2, static_cast<int>(threadIdx.x) & ((1 << glog2) - 1)};
+  pipe_rows<T, K>(a, static_cast<int64_t>(blockIdx.x) * rows_per_block,
+                  static_cast<int64_t>(gridDim.x) * rows_per_block,
+                  static_cast<int>(threadIdx.x) >> glog2, team);
+}
+
+/// block_rows_kernel's rows, pipelined: one block (cluster of blocks) per row.
+template <class T, Kind K>
+__global__ void __launch_bounds__(kRowBlock, kPipeMinBlocks<T>) block_rows_pipe_kernel(RowArgs<T> a) {
+  __shared__ alignas(16) unsigned char red[32 * sizeof(MaxSum<compute_t<T>>)];
+  __shared__ alignas(16) unsigned char xch[2 * sizeof(MaxSum<compute_t<T>>)];
+  const unsigned cs = cg::this_cluster().num_blocks(), blk = cg::this_cluster().block_rank();
+  const ClusterTeam team{static_cast<int>(blockDim.x * cs),
+                         static_cast<int>(blk * blockDim.x + threadIdx.x), cs, blk, red, xch};
+  pipe_rows<T, K>(a, blockIdx.x / cs, gridDim.x / cs, 0, team);
 }
 
 // ---- streamed rows ---------------------------------------------------------------------------
@@ -647,14 +784,14 @@ template <class C> __global__ void empty_rows_kernel(C* __restrict__ st, int64_t
 /// Launches `kernel` with `cs` blocks per cluster (a plain launch when cs == 1) and checks it.
 template <class... P>
 void launch(const char* name, const std::vector<Tensor>& in, void (*kernel)(P...), int64_t blocks,
-            int threads, int cs, cudaStream_t st, P... args) {
+            int threads, int cs, size_t smem, cudaStream_t st, P... args) {
   if (cs == 1) {
-    kernel<<<static_cast<unsigned>(blocks), threads, 0, st>>>(args...);
+    kernel<<<static_cast<unsigned>(blocks), threads, smem, st>>>(args...);
   } else {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(static_cast<unsigned>(blocks));
     cfg.blockDim = dim3(static_cast<unsigned>(threads));
-    cfg.dynamicSmemBytes = 0;
+    cfg.dynamicSmemBytes = smem;
     cfg.stream = st;
     cudaLaunchAttribute attr[1] = {};
     attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -686,7 +823,18 @@ void run_rows_al(const char* name, const std::vector<Tensor>& in, const RowArgs<
     int glog2 = 0;
     while ((int64_t{1} << glog2) < G) ++glog2;
     const int64_t blocks = std::min(ceil_div(a.R, kWarpBlock >> glog2), kMaxGrid);
-    launch(name, in, &warp_rows_kernel<T, K, kAl>, blocks, kWarpBlock, 1, st, a, glog2);
+    if constexpr (kAl && kPipe<T>) {
+      const size_t smem = pipe_smem<T, K>(kWarpBlock);
+      auto* kernel = &warp_rows_pipe_kernel<T, K>;
+      const int resident = resident_blocks(reinterpret_cast<const void*>(kernel), kWarpBlock,
+                                           smem, 1, in[0].device().ordinal());
+      if (resident > 0) {
+        launch(name, in, kernel, std::min<int64_t>(blocks, resident), kWarpBlock, 1, smem, st, a,
+               glog2);
+        return;
+      }
+    }
+    launch(name, in, &warp_rows_kernel<T, K, kAl>, blocks, kWarpBlock, 1, 0, st, a, glog2);
     return;
   }
   if (G <= kMaxTeam) {
@@ -694,11 +842,22 @@ void run_rows_al(const char* name, const std::vector<Tensor>& in, const RowArgs<
     const int threads = static_cast<int>(std::min<int64_t>(G, kRowBlock));
     const int cs = static_cast<int>(G / threads);
     const int64_t blocks = std::min(a.R, kMaxGrid / cs) * cs;
-    launch(name, in, &block_rows_kernel<T, K, kAl>, blocks, threads, cs, st, a);
+    if constexpr (kAl && kPipe<T>) {
+      const size_t smem = pipe_smem<T, K>(threads);
+      auto* kernel = &block_rows_pipe_kernel<T, K>;
+      const int resident = resident_blocks(reinterpret_cast<const void*>(kernel), threads, smem,
+                                           cs, in[0].device().ordinal());
+      if (resident >= cs) {
+        launch(name, in, kernel, std::min<int64_t>(blocks, resident), threads, cs, smem, st, a);
+        return;
+      }
+    }
+    launch(name, in, &block_rows_kernel<T, K, kAl>, blocks, threads, cs, 0, st, a);
     return;
   }
   const int64_t blocks = std::min(a.R, kMaxGrid / kStreamCluster) * kStreamCluster;
-  launch(name, in, &stream_rows_kernel<T, K, kAl>, blocks, kStreamBlock, kStreamCluster, st, a);
+  launch(name, in, &stream_rows_kernel<T, K, kAl>, blocks, kStreamBlock, kStreamCluster, 0, st,
+         a);
 }
 
 /// The aligned rows (16-byte vectors) and the others take separate kernels: the element-wise

@@ -12,7 +12,8 @@
 // and skips the test.
 // Widening: bf16 is its f32's high half (one shift or mask per element); f16 through cvt
 // (exact, as widen).
-// Also here: exp_ns_half, the half types' exp (softmax.cu, attention.cu).
+// Also here: exp_ns_half, the half types' exp (softmax.cu, attention.cu), and cp.async, the
+// copies that keep rows in flight ahead of their use.
 // What it is not: alignment decisions (the kernels check 16-byte alignment on the host) or
 // element-wise fallbacks over partial vectors (each kernel family guards its own bounds).
 #pragma once
@@ -127,6 +128,55 @@ __device__ __forceinline__ void store16(T* p, const compute_t<T> (&v)[kVec<T>]) 
   }
   if (kLast) __stcs(reinterpret_cast<uint4*>(p), w);
   else *reinterpret_cast<uint4*>(p) = w;
+}
+
+/// cp.async: one 16-byte vector (gmem and smem 16-byte aligned) or one Bytes-sized word (4, 8;
+/// aligned to its size) copied from global to shared memory without holding a register, for the
+/// kernels that keep rows in flight ahead of their use. It lands once the issuing thread's
+/// cp_async_wait<N>() covers its group, and is then visible to that thread only (other threads
+/// of the block need a barrier after it).
+template <int Bytes> __device__ __forceinline__ void cp_async(void* smem, const void* gmem) {
+  static_assert(Bytes == 4 || Bytes == 8 || Bytes == 16);
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  if constexpr (Bytes == 16)  // .cg: through L2 only (the data is read once)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s), "l"(gmem), "n"(Bytes)
+                 : "memory");
+}
+/// Closes the calling thread's current group of cp.async copies.
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+/// Waits until at most N of the calling thread's committed groups are still in flight.
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/// A persistent block's row loop, its inputs copied S - 1 iterations ahead: for b = base, base +
+/// stride, ... < R, body(stage, b) runs after prefetch(stage, b) has landed, where prefetch
+/// issues the calling thread's cp.async copies of iteration b into `stage` (one of S stages of
+/// `per` 16-byte slots from `smem`; it must copy nothing for b >= R). A thread may read only
+/// the slots it copied itself (no barrier here); a stage is refilled once the iteration that
+/// read it is over. base and stride uniform across whatever barriers body holds.
+template <int S, class Prefetch, class Body>
+__device__ __forceinline__ void pipelined_rows(int64_t base, int64_t stride, int64_t R,
+                                               uint4* smem, int per, Prefetch prefetch,
+                                               Body body) {
+  static_assert(S >= 2);
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) {
+    prefetch(smem + s * per, base + s * stride);
+    cp_async_commit();
+  }
+  for (int s = 0; base < R; base += stride, s = s + 1 == S ? 0 : s + 1) {
+    // The stage the previous iteration read: this thread's reads of it are done.
+    prefetch(smem + (s == 0 ? S - 1 : s - 1) * per, base + (S - 1) * stride);
+    cp_async_commit();
+    cp_async_wait<S - 1>();  // this iteration's group has landed
+    body(static_cast<const uint4*>(smem + s * per), base);
+  }
+  cp_async_wait<0>();  // nothing left in flight at exit
 }
 
 /// exp_ns for the half types' f32 values: 2^(t log2 e) through the hardware's ex2.approx.ftz,

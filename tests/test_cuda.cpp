@@ -1794,7 +1794,8 @@ TEST_P(CudaFusedForward, OnGpuMatchesCpuKernelComposedFormAndReference) {
     shapes = {{Shape({3, 4}), 4},         {Shape({2, 6, 7}), 3},    {Shape({1, 8, 33}), 2},
               {Shape({2, 4, 10, 100}), 2}, {Shape({1, 6, 4099}), 3}, {Shape({67, 4, 7}), 2},
               {Shape({1, 2, 40000}), 1}, {Shape({64, 4, 3000}), 2},  // looped rows
-              {Shape({64, 4, 16400}), 2}};  // a cluster of 2 to 8 blocks per group
+              {Shape({64, 4, 16400}), 2},  // a cluster of 2 to 8 blocks per group
+              {Shape({300, 32, 64}), 8}};  // many aligned groups: the pipelined rows
   } else {
     for (size_t D : {1, 7, 33, 1000, 4099})
       for (size_t R : {1, 67}) shapes.push_back({Shape({R, D}), 1});
@@ -1805,6 +1806,9 @@ TEST_P(CudaFusedForward, OnGpuMatchesCpuKernelComposedFormAndReference) {
     shapes.push_back({Shape({130, 4000}), 1});  // f64's loop
     shapes.push_back({Shape({129, 6001}), 1});  // unaligned: not looped
     shapes.push_back({Shape({128, 32776}), 1});  // a cluster of blocks per row (2 to 8)
+    // Aligned rows, many more than the device holds at once: the pipelined row kernels'
+    // blocks take 3 to 6 rows (row groups) each, so their three stages are refilled.
+    shapes.push_back({Shape({14000, 520}), 1});
   }
   if (op == FOp::GroupNorm) shapes.push_back({Shape({1, 16, 128, 129}), 4});  // few large groups
   uint64_t seed = 100;
@@ -1948,6 +1952,8 @@ INSTANTIATE_TEST_SUITE_P(
 
 // The dedicated softmax backward ops on the GPU (their composed forms there) against the CPU
 // kernels, with the forward's saved (max, log-sum) from the CPU kernel; NaN rows included.
+// Rows unaligned (33, 4099) and aligned (1024: a warp's; 16384: a cluster's), few and many
+// (7000 rows: the pipelined kernels' blocks take about four each, so their stages are refilled).
 TEST_F(CudaFused, SoftmaxBackwardOpsMatchCpuKernels) {
   for (bool log : {false, true})
     for (DType dt : kFloatTypes) {
@@ -1956,14 +1962,15 @@ TEST_F(CudaFused, SoftmaxBackwardOpsMatchCpuKernels) {
       const OpId bwd = log ? OpId::log_softmax_last_dim_bwd : OpId::softmax_last_dim_bwd;
       const KernelSlot& kf = op_def(fwd).kernels[static_cast<int>(DeviceKind::Cpu)];
       ASSERT_NE(kf.fn, nullptr);
-      for (size_t D : {size_t{33}, size_t{4099}}) {
-        std::vector<double> x = values(Tensor::randn(Shape({6, D}), DType::F64, kCpu, 81));
+      for (const auto& [R, D] : std::vector<std::pair<size_t, size_t>>{
+               {6, 33}, {6, 4099}, {6, 1024}, {6, 16384}, {7000, 520}}) {
+        std::vector<double> x = values(Tensor::randn(Shape({R, D}), DType::F64, kCpu, 81));
         x[4] = kNaN;
         for (size_t i = 0; i < D; ++i) x[D + i] = -kInf;
         x[2 * D + 5] = kInf;
         for (size_t i = 0; i < D; i += 4) x[3 * D + i] = -kInf;
-        const Tensor xt = Tensor::from_vector(x, Shape({6, D})).to_dtype(dt);
-        const Tensor dy = Tensor::randn(Shape({6, D}), dt, kCpu, 82);
+        const Tensor xt = Tensor::from_vector(x, Shape({R, D})).to_dtype(dt);
+        const Tensor dy = Tensor::randn(Shape({R, D}), dt, kCpu, 82);
         const Tensor stats = kf.fn({xt}, OpAttrs{})[1];
         const std::vector<double> want = values(dispatch1(bwd, {xt, stats, dy}));
         const Tensor got = dispatch1(bwd, {to_gpu(xt), to_gpu(stats), to_gpu(dy)});
@@ -1974,7 +1981,7 @@ TEST_F(CudaFused, SoftmaxBackwardOpsMatchCpuKernels) {
         std::vector<double> bound(want.size());
         for (size_t i = 0; i < want.size(); ++i)
           bound[i] = tol * (1.0 + (std::isfinite(want[i]) ? std::abs(want[i]) : 0.0));
-        EXPECT_TRUE(within(gv, want, bound)) << "D = " << D;
+        EXPECT_TRUE(within(gv, want, bound)) << R << " x " << D;
       }
     }
 }
@@ -1994,9 +2001,12 @@ TEST_F(CudaFused, NormBackwardOpsMatchCpuAndAreDeterministic) {
       {OpId::rms_norm, OpId::rms_norm_bwd, Shape({37, 33}), 1},
       {OpId::rms_norm, OpId::rms_norm_bwd, Shape({3, 262147}), 1},
       {OpId::rms_norm, OpId::rms_norm_bwd, Shape({2051, 768}), 1},
+      // 512 blocks of two rows: about six rows each, the pipelined rows' stages refilled
+      {OpId::rms_norm, OpId::rms_norm_bwd, Shape({6000, 768}), 1},
       {OpId::layer_norm, OpId::layer_norm_bwd, Shape({37, 33}), 1},
       {OpId::layer_norm, OpId::layer_norm_bwd, Shape({3, 262147}), 1},
       {OpId::layer_norm, OpId::layer_norm_bwd, Shape({2051, 768}), 1},
+      {OpId::layer_norm, OpId::layer_norm_bwd, Shape({6000, 768}), 1},
       {OpId::group_norm, OpId::group_norm_bwd, Shape({3, 8, 5, 7}), 4},
       {OpId::group_norm, OpId::group_norm_bwd, Shape({1, 16, 128, 129}), 4},
       {OpId::group_norm, OpId::group_norm_bwd, Shape({9, 64, 3, 3}), 32},
