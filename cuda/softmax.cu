@@ -119,7 +119,7 @@ template <class T> inline constexpr int kStages = is_half_v<T> ? 3 : 2;
 /// Whether T's aligned on-chip rows take the pipelined kernels. f32 does not: its rows were at
 /// 90-100 % of the copy already, and pipelined they lost up to 11 % (H100, run 30 of
 /// docs/cuda.md: 4096x16384 forward 195.8 -> 216.6 us), while bf16 gained 19-26 % and f64 17-21 %.
-template <class T> inline constexpr bool kPipe = !std::is_same_v<T, float>;
+template <class T> inline constexpr bool kPipeRows = !std::is_same_v<T, float>;
 /// Resident blocks the pipelined kernels are built for (their register bound): f64's rows spill
 /// at three (80 registers).
 template <class T> inline constexpr int kPipeMinBlocks = sizeof(T) == 8 ? 2 : 3;
@@ -314,7 +314,8 @@ __device__ __forceinline__ void load_row(const T* row, int n, int t, int G, bool
 /// The thread's slot of vector k of array `arr` in a pipeline stage (prefetch_row's layout).
 template <class T, Kind K>
 __device__ __forceinline__ const uint4& slot(const uint4* stage, int arr, int k) {
-  return stage[(arr * kNv<T, K> + k) * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)];
+  return stage[(arr * kNv<T, K> + k) * static_cast<int>(blockDim.x) +
+               static_cast<int>(threadIdx.x)];
 }
 
 /// A thread's NV on-chip vectors of array `arr`, as load_row, from its slots of a pipeline stage
@@ -574,7 +575,9 @@ __device__ __forceinline__ void pipe_rows(const RowArgs<T>& a, int64_t base, int
   const int t = team.rank, G = team.size;
   pipelined_rows<kStages<T>>(
       base, stride, a.R, pipe_smem_, kSlots<T, K> * static_cast<int>(blockDim.x),
-      [&](uint4* stage, int64_t b) { prefetch_row<T, K>(stage, a, b + group, b + group < a.R, t, G); },
+      [&](uint4* stage, int64_t b) {
+        prefetch_row<T, K>(stage, a, b + group, b + group < a.R, t, G);
+      },
       [&](const uint4* stage, int64_t b) {
         onchip_row<T, K, true, Team, true>(a, b + group, b + group < a.R, team, stage);
       });
@@ -582,7 +585,8 @@ __device__ __forceinline__ void pipe_rows(const RowArgs<T>& a, int64_t base, int
 
 /// warp_rows_kernel's rows, pipelined: G = 2^glog2 lanes per row, 256 / G rows per block.
 template <class T, Kind K>
-__global__ void __launch_bounds__(kWarpBlock, kPipeMinBlocks<T>) warp_rows_pipe_kernel(RowArgs<T> a, int glog2) {
+__global__ void __launch_bounds__(kWarpBlock, kPipeMinBlocks<T>)
+    warp_rows_pipe_kernel(RowArgs<T> a, int glog2) {
   const int rows_per_block = kWarpBlock >> glog2;
   const WarpTeam team{1 << glog2, static_cast<int>(threadIdx.x) & ((1 << glog2) - 1)};
   pipe_rows<T, K>(a, static_cast<int64_t>(blockIdx.x) * rows_per_block,
@@ -592,7 +596,8 @@ __global__ void __launch_bounds__(kWarpBlock, kPipeMinBlocks<T>) warp_rows_pipe_
 
 /// block_rows_kernel's rows, pipelined: one block (cluster of blocks) per row.
 template <class T, Kind K>
-__global__ void __launch_bounds__(kRowBlock, kPipeMinBlocks<T>) block_rows_pipe_kernel(RowArgs<T> a) {
+__global__ void __launch_bounds__(kRowBlock, kPipeMinBlocks<T>)
+    block_rows_pipe_kernel(RowArgs<T> a) {
   __shared__ alignas(16) unsigned char red[32 * sizeof(MaxSum<compute_t<T>>)];
   __shared__ alignas(16) unsigned char xch[2 * sizeof(MaxSum<compute_t<T>>)];
   const unsigned cs = cg::this_cluster().num_blocks(), blk = cg::this_cluster().block_rank();
@@ -823,7 +828,7 @@ void run_rows_al(const char* name, const std::vector<Tensor>& in, const RowArgs<
     int glog2 = 0;
     while ((int64_t{1} << glog2) < G) ++glog2;
     const int64_t blocks = std::min(ceil_div(a.R, kWarpBlock >> glog2), kMaxGrid);
-    if constexpr (kAl && kPipe<T>) {
+    if constexpr (kAl && kPipeRows<T>) {
       const size_t smem = pipe_smem<T, K>(kWarpBlock);
       auto* kernel = &warp_rows_pipe_kernel<T, K>;
       const int resident = resident_blocks(reinterpret_cast<const void*>(kernel), kWarpBlock,
@@ -842,7 +847,7 @@ void run_rows_al(const char* name, const std::vector<Tensor>& in, const RowArgs<
     const int threads = static_cast<int>(std::min<int64_t>(G, kRowBlock));
     const int cs = static_cast<int>(G / threads);
     const int64_t blocks = std::min(a.R, kMaxGrid / cs) * cs;
-    if constexpr (kAl && kPipe<T>) {
+    if constexpr (kAl && kPipeRows<T>) {
       const size_t smem = pipe_smem<T, K>(threads);
       auto* kernel = &block_rows_pipe_kernel<T, K>;
       const int resident = resident_blocks(reinterpret_cast<const void*>(kernel), threads, smem,
