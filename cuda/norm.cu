@@ -1498,29 +1498,14 @@ inline cudaLaunchConfig_t cluster_config(cudaLaunchAttribute& attr, int64_t bloc
 }
 
 /// The most blocks per cluster (a power of two <= kMaxCluster) fwd_cluster_kernel<T, K> runs with
-/// on this process's GPUs (0: none), found once: its shared memory limit raised to kSliceBytes,
-/// and a cluster of that size resident with a full slice.
-template <class T, Kind K> int cluster_limit() {
-  static const int limit = [] {
-    auto kernel = &fwd_cluster_kernel<T, K>;
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(kSliceBytes)) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return 0;
-    }
-    for (int cs = kMaxCluster; cs >= 2; cs /= 2) {
-      cudaLaunchAttribute attr;
-      const cudaLaunchConfig_t cfg = cluster_config(attr, cs, kClusterThreads, cs,
-                                                    static_cast<size_t>(kSliceBytes), nullptr,
-                                                    "norm cluster probe");
-      int clusters = 0;
-      if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0)
-        return cs;
-      (void)cudaGetLastError();
-    }
-    return 0;
-  }();
-  return limit;
+/// on device `ordinal` (0: none): a cluster of that size resident with a full slice (its shared
+/// memory limit raised to kSliceBytes there).
+template <class T, Kind K> int cluster_limit(int ordinal) {
+  const void* kernel = reinterpret_cast<const void*>(&fwd_cluster_kernel<T, K>);
+  for (int cs = kMaxCluster; cs >= 2; cs /= 2)
+    if (resident_blocks(kernel, kClusterThreads, static_cast<size_t>(kSliceBytes), cs, ordinal) > 0)
+      return cs;
+  return 0;
 }
 
 /// Vectors per thread of fwd_rows_kernel. The half types' rms rows take 32 values per thread
@@ -1554,7 +1539,7 @@ template <class T, Kind K> void run_fwd(const Job& j) {
   if (vec && row_bytes > kSliceBytes && row_bytes <= kMaxCluster * kSliceBytes) {
     int cs = 2;
     while (cs * kSliceBytes < row_bytes) cs *= 2;
-    if (j.R * cs >= kMinClusterBlocks && cs <= cluster_limit<T, K>()) {
+    if (j.R * cs >= kMinClusterBlocks && cs <= cluster_limit<T, K>((*j.in)[0].device().ordinal())) {
       const int64_t slice = ceil_div(ceil_div(j.L, V), cs);  // vectors per block
       cudaLaunchAttribute attr;
       const cudaLaunchConfig_t cfg = cluster_config(attr, j.R * cs, kClusterThreads, cs,
