@@ -112,19 +112,26 @@ template <Kind K> inline constexpr int kArrays = is_bwd(K) ? 2 : 1;
 /// array, and in the backward one for the row's saved (m, l).
 template <class T, Kind K>
 inline constexpr int kSlots = kArrays<K> * kNv<T, K> + (is_bwd(K) ? 1 : 0);
-/// Stages of the pipelined rows, so that kStages - 1 rows are in flight while one is computed:
-/// 3 for the half types (64-80 bytes a thread a stage: 48-60 KB for a block of 256 threads,
-/// three of which fit an SM), 2 for f64 (128-144 bytes: 64-72 KB, two blocks).
-template <class T> inline constexpr int kStages = is_half_v<T> ? 3 : 2;
+/// Stages of the pipelined rows (kStages - 1 rows in flight while one is computed) and the
+/// resident blocks their register bound is set for, per kernel: kWarp for warp_rows_pipe_kernel,
+/// else block_rows_pipe_kernel. A/B on an H100 (docs/cuda.md, runs 30 to 35):
+/// - the half types' warp rows: 3 stages, 3 blocks (72-80 registers; 64 bytes a thread a stage
+///   forward, 80 backward: 48-60 KB a block). At 4 blocks (64 registers) bf16 16384x1024 lost
+///   3.5 % (23.5 -> 24.3 us);
+/// - the half types' block (cluster) rows: 4 blocks (64 registers, no spills), 3 stages forward
+///   (48 KB a block), 2 backward (40 KB, so that four fit): bf16 4096x16384 forward 123.4 ->
+///   114.4 us, forward+backward 318.6 -> 293.2 against 3 blocks and 3 stages;
+/// - f64: 2 stages (128-144 bytes a thread: 64-72 KB), 2 blocks (its rows spill at three).
+template <class T, Kind K, bool kWarp>
+inline constexpr int kStages = !is_half_v<T> ? 2 : (is_bwd(K) && !kWarp ? 2 : 3);
+template <class T, bool kWarp>
+inline constexpr int kPipeMinBlocks = sizeof(T) == 8 ? 2 : (kWarp ? 3 : 4);
 /// Whether T's aligned on-chip rows take the pipelined kernels. f32 does not: its rows were at
 /// 90-100 % of the copy already, and pipelined they lost up to 11 % (H100, run 30 of
 /// docs/cuda.md: 4096x16384 forward 195.8 -> 216.6 us), while bf16 gained 19-26 % and f64 17-21 %.
 template <class T> inline constexpr bool kPipeRows = !std::is_same_v<T, float>;
-/// Resident blocks the pipelined kernels are built for (their register bound): f64's rows spill
-/// at three (80 registers).
-template <class T> inline constexpr int kPipeMinBlocks = sizeof(T) == 8 ? 2 : 3;
-template <class T, Kind K> constexpr size_t pipe_smem(int threads) {
-  return static_cast<size_t>(kStages<T>) * kSlots<T, K> * threads * 16;
+template <class T, Kind K, bool kWarp> constexpr size_t pipe_smem(int threads) {
+  return static_cast<size_t>(kStages<T, K, kWarp>) * kSlots<T, K> * threads * 16;
 }
 
 __host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -573,7 +580,7 @@ __device__ __forceinline__ void pipe_rows(const RowArgs<T>& a, int64_t base, int
                                           int group, const Team& team) {
   extern __shared__ uint4 pipe_smem_[];
   const int t = team.rank, G = team.size;
-  pipelined_rows<kStages<T>>(
+  pipelined_rows<kStages<T, K, std::is_same_v<Team, WarpTeam>>>(
       base, stride, a.R, pipe_smem_, kSlots<T, K> * static_cast<int>(blockDim.x),
       [&](uint4* stage, int64_t b) {
         prefetch_row<T, K>(stage, a, b + group, b + group < a.R, t, G);
@@ -585,7 +592,7 @@ __device__ __forceinline__ void pipe_rows(const RowArgs<T>& a, int64_t base, int
 
 /// warp_rows_kernel's rows, pipelined: G = 2^glog2 lanes per row, 256 / G rows per block.
 template <class T, Kind K>
-__global__ void __launch_bounds__(kWarpBlock, kPipeMinBlocks<T>)
+__global__ void __launch_bounds__(kWarpBlock, kPipeMinBlocks<T, true>)
     warp_rows_pipe_kernel(RowArgs<T> a, int glog2) {
   const int rows_per_block = kWarpBlock >> glog2;
   const WarpTeam team{1 << glog2, static_cast<int>(threadIdx.x) & ((1 << glog2) - 1)};
@@ -596,7 +603,7 @@ __global__ void __launch_bounds__(kWarpBlock, kPipeMinBlocks<T>)
 
 /// block_rows_kernel's rows, pipelined: one block (cluster of blocks) per row.
 template <class T, Kind K>
-__global__ void __launch_bounds__(kRowBlock, kPipeMinBlocks<T>)
+__global__ void __launch_bounds__(kRowBlock, kPipeMinBlocks<T, false>)
     block_rows_pipe_kernel(RowArgs<T> a) {
   __shared__ alignas(16) unsigned char red[32 * sizeof(MaxSum<compute_t<T>>)];
   __shared__ alignas(16) unsigned char xch[2 * sizeof(MaxSum<compute_t<T>>)];
@@ -829,7 +836,7 @@ void run_rows_al(const char* name, const std::vector<Tensor>& in, const RowArgs<
     while ((int64_t{1} << glog2) < G) ++glog2;
     const int64_t blocks = std::min(ceil_div(a.R, kWarpBlock >> glog2), kMaxGrid);
     if constexpr (kAl && kPipeRows<T>) {
-      const size_t smem = pipe_smem<T, K>(kWarpBlock);
+      const size_t smem = pipe_smem<T, K, true>(kWarpBlock);
       auto* kernel = &warp_rows_pipe_kernel<T, K>;
       const int resident = resident_blocks(reinterpret_cast<const void*>(kernel), kWarpBlock,
                                            smem, 1, in[0].device().ordinal());
@@ -848,7 +855,7 @@ void run_rows_al(const char* name, const std::vector<Tensor>& in, const RowArgs<
     const int cs = static_cast<int>(G / threads);
     const int64_t blocks = std::min(a.R, kMaxGrid / cs) * cs;
     if constexpr (kAl && kPipeRows<T>) {
-      const size_t smem = pipe_smem<T, K>(threads);
+      const size_t smem = pipe_smem<T, K, false>(threads);
       auto* kernel = &block_rows_pipe_kernel<T, K>;
       const int resident = resident_blocks(reinterpret_cast<const void*>(kernel), threads, smem,
                                            cs, in[0].device().ordinal());
