@@ -337,8 +337,8 @@ __device__ __forceinline__ void elem_affine(const compute_t<T> (&xv)[kV<T>],
 
 /// One row of fwd_rows_kernel (row < R when active; an inactive row's threads still take part
 /// in every group_sum): lane l of its tpr threads holds vectors l + u * tpr, u < NV. kPipe: x's
-/// vectors come from the thread's slots of `stage` (slot u: vector u, fwd_prefetch's layout),
-/// else from global memory.
+/// vectors come from the thread's slots of `stage` (slot u: vector u, where fwd_rows_kernel's
+/// prefetch put it), else from global memory.
 template <class T, Kind K, int NV, bool kPipe>
 __device__ __forceinline__ void fwd_row(const T* __restrict__ x, const T* __restrict__ w,
                                         const T* __restrict__ b, T* __restrict__ y,
@@ -408,13 +408,14 @@ __device__ __forceinline__ void fwd_row(const T* __restrict__ x, const T* __rest
 
 /// Whether T's aligned forward rows take the pipelined kernel: f64's only. A/B on an H100 (run 31
 /// of docs/cuda.md), 16384x1024: f64 rms 98.6 -> 93.1 us, layer 121.1 -> 107.0; bf16 rms 28.2 ->
-/// 29.6, layer 36.8 -> 35.8 (their rows wait on their reductions' barriers, not on loads); f32
-/// rows are at 93-97 % of the copy already.
+/// 29.6, layer 36.8 -> 35.8 (not limited by the loads in flight: run 35's ncu found them issuing
+/// 22-39 instructions per element, most of them not arithmetic); f32 rows are at 93-97 % of the
+/// copy already.
 template <class T> inline constexpr bool kPipeRows = std::is_same_v<T, double>;
 /// Stages of the pipelined forward rows (NV <= 4 vectors a thread: at most 64 bytes a stage).
 constexpr int kFwdStages = 3;
-/// The pipelined rows' register bound: 64 a thread (the bf16 rms rows took 101 unbounded, two
-/// blocks of 256 threads per SM; bounded, four and no spills).
+/// The pipelined rows' register bound: 64 a thread (measured so in runs 31 and 34; unbounded,
+/// the bf16 rms rows took 101 registers, two blocks of 256 threads per SM).
 template <class T> inline constexpr int kPipeMinBlocks = 65536 / 64 / kMaxRowThreads<T>;
 
 /// Rows held in registers. x, y: (R, L); mean, rstd: (R) (mean null for rms). Groups of tpr
