@@ -16,6 +16,12 @@
 #   ddp1       finetune --nproc 1 on the GPU (NCCL at world size 1), 40 steps
 #   multi      issue 16 on a machine with several GPUs: CudaDist.*, the 100 MiB all-reduce
 #              beside torch.distributed's, the bf16 step on 1/2/4 GPUs, 2 GPUs against 1
+#   ab         A/B of the fused table: the tree built above against the same tree with the files
+#              under AB_BASE (a folder laid out as the repo, e.g. out/ab/base/cuda/norm.cu from
+#              `git show REV:cuda/norm.cu`; carry it) swapped in; bench_cuda --fused-table
+#              --filter "$AB_FILTER" (default "fused,") for each, twice, interleaved, to
+#              $OUT/ab_{new,base}_{1,2}.csv (scripts/ab_report.py renders them). Put it last: it
+#              rebuilds libtaper, and restores the tested one and the sources when done.
 #   profile    the SASS of softmax.cu and norm.cu (cuobjdump), and ncu's counters of the fused
 #              kernels of each PROFILE_CASES row (bench_cuda --fused-table --filter)
 #   train      issue 17's table: taper's --bench-train (CUDA graph on and off; TRAIN_GRAPHS) /
@@ -118,6 +124,30 @@ for step in "$@"; do
         --gpu "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)" \
         >"$OUT/benchmarks-h200.md" 2>&1
       log "report rc=$?"
+      ;;
+    ab)
+      base=${AB_BASE:-out/ab/base}
+      [ -d "$base" ] || { log "ab: no folder $base"; continue; }
+      so=$(ls build/gpu/libtaper.so* | head -1)
+      mkdir -p /tmp/ab/new /tmp/ab/base /tmp/ab/src
+      cp -L "$so" /tmp/ab/new/lib.so
+      files=$(cd "$base" && find . -type f | sed 's#^\./##')
+      for f in $files; do mkdir -p "/tmp/ab/src/$(dirname "$f")"; cp "$f" "/tmp/ab/src/$f"; cp "$base/$f" "$f"; done
+      log "ab: base files $files; rebuilding libtaper"
+      cmake --build build/gpu -j"$(nproc)" --target taper >"$OUT/ab_build.log" 2>&1 ||
+        { tail -20 "$OUT/ab_build.log"; }
+      cp -L "$so" /tmp/ab/base/lib.so
+      for i in 1 2; do
+        for v in new base; do
+          cp /tmp/ab/$v/lib.so "$so"
+          ./build/gpu/benches/bench_cuda --fused-table "$OUT/ab_${v}_$i.csv" \
+            --filter "${AB_FILTER:-fused,}" 2>>"$OUT/ab_stderr.log"
+          log "ab: $v $i rc=$?"
+        done
+      done
+      cp /tmp/ab/new/lib.so "$so"
+      for f in $files; do cp "/tmp/ab/src/$f" "$f"; done
+      python3 scripts/ab_report.py "$OUT" >"$OUT/ab.md" 2>&1
       ;;
     profile)
       for f in softmax norm; do
