@@ -182,17 +182,9 @@ int resident_blocks(const void* kernel, int threads, size_t smem, int cluster, i
       e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
       if (e == cudaSuccess) blocks = per_sm * device_props(ordinal).multiProcessorCount;
     } else {
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(static_cast<unsigned>(cluster));
-      cfg.blockDim = dim3(static_cast<unsigned>(threads));
-      cfg.dynamicSmemBytes = smem;
-      cudaLaunchAttribute attr = {};
-      attr.id = cudaLaunchAttributeClusterDimension;
-      attr.val.clusterDim.x = static_cast<unsigned>(cluster);
-      attr.val.clusterDim.y = 1;
-      attr.val.clusterDim.z = 1;
-      cfg.attrs = &attr;
-      cfg.numAttrs = 1;
+      cudaLaunchAttribute attr;
+      const cudaLaunchConfig_t cfg =
+          cluster_config(attr, static_cast<unsigned>(cluster), threads, cluster, smem, nullptr);
       int clusters = 0;
       e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
       if (e == cudaSuccess) blocks = clusters * cluster;

@@ -14,6 +14,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "taper/op.h"
@@ -82,6 +83,49 @@ inline constexpr int kThreads = 256;
 /// Blocks for a grid-stride loop over n items: enough to fill every multiprocessor several
 /// times over, never more than the items need.
 unsigned grid_for(size_t n, int ordinal, int threads = kThreads);
+
+/// The launch configuration of `blocks` blocks of `threads` threads in clusters of `cs` blocks
+/// (1-D), with `smem` bytes of dynamic shared memory, on `st`; `attr` receives the cluster
+/// attribute the configuration points to, so it must outlive the configuration's use.
+inline cudaLaunchConfig_t cluster_config(cudaLaunchAttribute& attr, unsigned blocks, int threads,
+                                         int cs, size_t smem, cudaStream_t st) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(blocks);
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  attr = {};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(cs);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
+#ifdef __CUDACC__  // a launch: nvcc translation units only (bench_cuda.cpp includes this header)
+/// Launches `kernel` for op `name` with `cs` blocks per cluster (a plain launch when cs == 1) and
+/// checks the launch (TAPER_CUDA_CHECK_LAUNCH; a refused cluster launch is a taper::Error naming
+/// the op too).
+template <class... P, class... A>
+void launch_clustered(const char* name, const std::vector<Tensor>& in, void (*kernel)(P...),
+                      unsigned blocks, int threads, int cs, size_t smem, cudaStream_t st,
+                      A&&... args) {
+  if (cs == 1) {
+    kernel<<<blocks, threads, smem, st>>>(std::forward<A>(args)...);
+  } else {
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg = cluster_config(attr, blocks, threads, cs, smem, st);
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();  // not left behind for the next launch's check
+      throw_cuda_error(e, "cudaLaunchKernelEx", __FILE__, __LINE__, name);
+    }
+  }
+  TAPER_CUDA_CHECK_LAUNCH(name, in);
+}
+#endif
 
 /// Blocks of `kernel` (a __global__ function) that device `ordinal` holds at once when launched
 /// with `threads` threads, `smem` bytes of dynamic shared memory and `cluster` blocks per cluster

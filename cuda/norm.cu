@@ -1479,25 +1479,6 @@ struct Job {
   Tensor dw, db;  ///< backward outputs (undefined when not needed)
 };
 
-/// The cluster configuration of `kernel` (blocks of `threads`, `smem` bytes of dynamic shared
-/// memory) for cs blocks per cluster.
-inline cudaLaunchConfig_t cluster_config(cudaLaunchAttribute& attr, int64_t blocks, int threads,
-                                         int cs, size_t smem, cudaStream_t st, const char* name) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid1(name, blocks));
-  cfg.blockDim = dim3(static_cast<unsigned>(threads));
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = st;
-  attr = {};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = static_cast<unsigned>(cs);
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  return cfg;
-}
-
 /// The most blocks per cluster (a power of two <= kMaxCluster) fwd_cluster_kernel<T, K> runs with
 /// on device `ordinal` (0: none): a cluster of that size resident with a full slice (its shared
 /// memory limit raised to kSliceBytes there).
@@ -1542,16 +1523,9 @@ template <class T, Kind K> void run_fwd(const Job& j) {
     while (cs * kSliceBytes < row_bytes) cs *= 2;
     if (j.R * cs >= kMinClusterBlocks && cs <= cluster_limit<T, K>((*j.in)[0].device().ordinal())) {
       const int64_t slice = ceil_div(ceil_div(j.L, V), cs);  // vectors per block
-      cudaLaunchAttribute attr;
-      const cudaLaunchConfig_t cfg = cluster_config(attr, j.R * cs, kClusterThreads, cs,
-                                                    static_cast<size_t>(slice) * 16, j.st, j.name);
-      const cudaError_t e = cudaLaunchKernelEx(&cfg, &fwd_cluster_kernel<T, K>, x, w, b, y, mean,
-                                               rstd, j.L, j.S, j.G, j.Cg, eps, slice);
-      if (e != cudaSuccess) {
-        (void)cudaGetLastError();  // not left behind for the next launch's check
-        throw_cuda_error(e, "cudaLaunchKernelEx", __FILE__, __LINE__, j.name);
-      }
-      TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
+      launch_clustered(j.name, *j.in, &fwd_cluster_kernel<T, K>, grid1(j.name, j.R * cs),
+                       kClusterThreads, cs, static_cast<size_t>(slice) * 16, j.st, x, w, b, y,
+                       mean, rstd, j.L, j.S, j.G, j.Cg, eps, slice);
       return;
     }
   }

@@ -793,32 +793,12 @@ template <class C> __global__ void empty_rows_kernel(C* __restrict__ st, int64_t
 
 // ---- host side -------------------------------------------------------------------------------
 
-/// Launches `kernel` with `cs` blocks per cluster (a plain launch when cs == 1) and checks it.
+/// launch_clustered (cuda_common.cuh) for a grid of at most kMaxGrid blocks.
 template <class... P>
 void launch(const char* name, const std::vector<Tensor>& in, void (*kernel)(P...), int64_t blocks,
             int threads, int cs, size_t smem, cudaStream_t st, P... args) {
-  if (cs == 1) {
-    kernel<<<static_cast<unsigned>(blocks), threads, smem, st>>>(args...);
-  } else {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(blocks));
-    cfg.blockDim = dim3(static_cast<unsigned>(threads));
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cudaLaunchAttribute attr[1] = {};
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = static_cast<unsigned>(cs);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
-    if (e != cudaSuccess) {
-      (void)cudaGetLastError();  // not left behind for the next launch's check
-      throw_cuda_error(e, "cudaLaunchKernelEx", __FILE__, __LINE__, name);
-    }
-  }
-  TAPER_CUDA_CHECK_LAUNCH(name, in);
+  launch_clustered(name, in, kernel, static_cast<unsigned>(blocks), threads, cs, smem, st,
+                   args...);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
