@@ -339,7 +339,12 @@ __device__ __forceinline__ void elem_affine(const compute_t<T> (&xv)[kV<T>],
 /// in every group_sum): lane l of its tpr threads holds vectors l + u * tpr, u < NV. kPipe: x's
 /// vectors come from the thread's slots of `stage` (slot u: vector u, where fwd_rows_kernel's
 /// prefetch put it), else from global memory.
-template <class T, Kind K, int NV, bool kPipe>
+/// kAl (rms and layer rows with `vec`: x, y, w, b 16-byte aligned, L % V == 0): every vector
+/// below L is whole, so the loads, the M2 pass and the stores skip the per-element tests, and
+/// offsets within the row are 32-bit (the rows plan holds at most 16384 elements). Run 35's ncu
+/// found the general path issuing 22-39 instructions per element, most of them 64-bit index
+/// arithmetic and bounds tests.
+template <class T, Kind K, int NV, bool kPipe, bool kAl>
 __device__ __forceinline__ void fwd_row(const T* __restrict__ x, const T* __restrict__ w,
                                         const T* __restrict__ b, T* __restrict__ y,
                                         compute_t<T>* __restrict__ mean,
@@ -347,18 +352,30 @@ __device__ __forceinline__ void fwd_row(const T* __restrict__ x, const T* __rest
                                         int64_t L, int tpr, int lane, int64_t S, int64_t G,
                                         int64_t Cg, compute_t<T> eps, bool vec, compute_t<T>* red,
                                         const uint4* stage) {
+  static_assert(!kAl || K != Kind::kGroup, "the aligned path is the rms and layer rows'");
   using C = compute_t<T>;
   constexpr int V = kV<T>;
   const int64_t off = (active ? row : 0) * L;
+  const int Li = kAl ? static_cast<int>(L) : 0;  // kAl: the row's length, 32-bit
   C v[NV][V];
 #pragma unroll
   for (int u = 0; u < NV; ++u) {
-    const int64_t i = (static_cast<int64_t>(u) * tpr + lane) * V;
-    if (active && i < L) {
-      if constexpr (kPipe) widen16<T>(stage[u * static_cast<int>(blockDim.x) + threadIdx.x], v[u]);
-      else load_vec(x + off, i, L, vec, v[u]);
+    if constexpr (kAl) {
+      const int i = (u * tpr + lane) * V;
+      if (active && i < Li) {
+        if constexpr (kPipe) widen16<T>(stage[u * static_cast<int>(blockDim.x) + threadIdx.x], v[u]);
+        else load16<false>(x + off + i, v[u]);
+      } else {
+        zero_vec<T>(v[u]);
+      }
     } else {
-      zero_vec<T>(v[u]);
+      const int64_t i = (static_cast<int64_t>(u) * tpr + lane) * V;
+      if (active && i < L) {
+        if constexpr (kPipe) widen16<T>(stage[u * static_cast<int>(blockDim.x) + threadIdx.x], v[u]);
+        else load_vec(x + off, i, L, vec, v[u]);
+      } else {
+        zero_vec<T>(v[u]);
+      }
     }
   }
   C mu = C(0), var;
@@ -380,8 +397,19 @@ __device__ __forceinline__ void fwd_row(const T* __restrict__ x, const T* __rest
     mu = s[0] / static_cast<C>(L);
     C m[1] = {C(0)};
 #pragma unroll
-    for (int u = 0; u < NV; ++u)
-      add_m2(v[u], (static_cast<int64_t>(u) * tpr + lane) * V, L, mu, m[0]);
+    for (int u = 0; u < NV; ++u) {
+      if constexpr (kAl) {
+        if ((u * tpr + lane) * V < Li) {  // a whole vector (an absent one would add mu^2)
+#pragma unroll
+          for (int l = 0; l < V; ++l) {
+            const C d = v[u][l] - mu;
+            m[0] = fma(d, d, m[0]);
+          }
+        }
+      } else {
+        add_m2(v[u], (static_cast<int64_t>(u) * tpr + lane) * V, L, mu, m[0]);
+      }
+    }
     group_sum(m, tpr, red);  // red is free again: group_sum ends with a barrier
     var = m[0] / static_cast<C>(L);
   }
@@ -391,17 +419,35 @@ __device__ __forceinline__ void fwd_row(const T* __restrict__ x, const T* __rest
     if constexpr (K != Kind::kRms) mean[row] = mu;
     rstd[row] = rs;
   }
-  const bool small = L <= 0xffffffffLL;
+  if constexpr (kAl) {
 #pragma unroll
-  for (int u = 0; u < NV; ++u) {
-    const int64_t i = (static_cast<int64_t>(u) * tpr + lane) * V;
-    if (i < L) {
-      C o[V];
-      if constexpr (K == Kind::kGroup)
-        group_affine<T>(v[u], o, i, L, S, (row % G) * Cg, w, b, mu, rs, small);
-      else
-        elem_affine<T>(v[u], o, i, L, w, b, mu, rs, vec);
-      store_vec(y + off, i, L, vec, o);
+    for (int u = 0; u < NV; ++u) {
+      const int i = (u * tpr + lane) * V;
+      if (i < Li) {
+        C wv[V], bv[V], o[V];
+        if (w) load16<false>(w + i, wv);
+        if (b) load16<false>(b + i, bv);
+#pragma unroll
+        for (int l = 0; l < V; ++l) {  // elem_affine's operations
+          const C t = (v[u][l] - mu) * rs;
+          o[l] = w ? (b ? fma(t, wv[l], bv[l]) : t * wv[l]) : (b ? t + bv[l] : t);
+        }
+        store16<false, true>(y + off + i, o);
+      }
+    }
+  } else {
+    const bool small = L <= 0xffffffffLL;
+#pragma unroll
+    for (int u = 0; u < NV; ++u) {
+      const int64_t i = (static_cast<int64_t>(u) * tpr + lane) * V;
+      if (i < L) {
+        C o[V];
+        if constexpr (K == Kind::kGroup)
+          group_affine<T>(v[u], o, i, L, S, (row % G) * Cg, w, b, mu, rs, small);
+        else
+          elem_affine<T>(v[u], o, i, L, w, b, mu, rs, vec);
+        store_vec(y + off, i, L, vec, o);
+      }
     }
   }
 }
@@ -424,8 +470,8 @@ template <class T> inline constexpr int kPipeMinBlocks = 65536 / 64 / kMaxRowThr
 /// kPipe (aligned rows, vec): a persistent grid whose block takes rows blockIdx.x * groups + g,
 /// then gridDim.x * groups further, ..., each thread's vectors copied kFwdStages - 1 rows ahead
 /// into its own slots of dynamic shared memory (kFwdStages * NV * blockDim.x 16-byte slots).
-template <class T, Kind K, int NV, bool kPipe>
-__global__ void __launch_bounds__(kMaxRowThreads<T>, kPipe ? kPipeMinBlocks<T> : 1)
+template <class T, Kind K, int NV, bool kPipe, bool kAl>
+__global__ void __launch_bounds__(kMaxRowThreads<T>, kPipe || kAl ? kPipeMinBlocks<T> : 1)
     fwd_rows_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                     T* __restrict__ y, compute_t<T>* __restrict__ mean,
                     compute_t<T>* __restrict__ rstd, int64_t R, int64_t L, int tpr_log2,
@@ -438,8 +484,8 @@ __global__ void __launch_bounds__(kMaxRowThreads<T>, kPipe ? kPipeMinBlocks<T> :
   const int g = static_cast<int>(threadIdx.x >> tpr_log2);
   if constexpr (!kPipe) {
     const int64_t row = static_cast<int64_t>(blockIdx.x) * groups + g;
-    fwd_row<T, K, NV, false>(x, w, b, y, mean, rstd, row, row < R, L, tpr, lane, S, G, Cg, eps,
-                             vec, red, nullptr);
+    fwd_row<T, K, NV, false, kAl>(x, w, b, y, mean, rstd, row, row < R, L, tpr, lane, S, G, Cg,
+                                  eps, vec, red, nullptr);
   } else {
     extern __shared__ uint4 fwd_slots[];
     const int B = static_cast<int>(blockDim.x), t = static_cast<int>(threadIdx.x);
@@ -457,8 +503,8 @@ __global__ void __launch_bounds__(kMaxRowThreads<T>, kPipe ? kPipeMinBlocks<T> :
         },
         [&](const uint4* stage, int64_t base) {
           const int64_t row = base + g;
-          fwd_row<T, K, NV, true>(x, w, b, y, mean, rstd, row, row < R, L, tpr, lane, S, G, Cg,
-                                  eps, vec, red, stage);
+          fwd_row<T, K, NV, true, kAl>(x, w, b, y, mean, rstd, row, row < R, L, tpr, lane, S, G,
+                                       Cg, eps, vec, red, stage);
         });
   }
 }
@@ -1538,23 +1584,34 @@ template <class T, Kind K> void run_fwd(const Job& j) {
     if (rows) {
       with_vecs<NVmax>(ceil_div(nv, tpr), [&](auto nvc) {
         constexpr int NV = decltype(nvc)::value;
-        if constexpr (kPipeRows<T>) {
-          if (vec) {
-            auto* kernel = &fwd_rows_kernel<T, K, NV, true>;
-            const size_t smem = static_cast<size_t>(kFwdStages) * NV * threads * 16;
-            const int resident = resident_blocks(reinterpret_cast<const void*>(kernel), threads,
-                                                 smem, 1, (*j.in)[0].device().ordinal());
-            if (resident > 0) {
-              kernel<<<grid1(j.name, std::min<int64_t>(blocks, resident)), threads, smem, j.st>>>(
-                  x, w, b, y, mean, rstd, j.R, j.L, tl, j.S, j.G, j.Cg, eps, vec);
-              TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
-              return;
+        // The aligned rms and layer rows take fwd_row's kAl path.
+        auto run = [&](auto al) {
+          constexpr bool kAl = decltype(al)::value;
+          if constexpr (kPipeRows<T>) {
+            if (vec) {
+              auto* kernel = &fwd_rows_kernel<T, K, NV, true, kAl>;
+              const size_t smem = static_cast<size_t>(kFwdStages) * NV * threads * 16;
+              const int resident = resident_blocks(reinterpret_cast<const void*>(kernel), threads,
+                                                   smem, 1, (*j.in)[0].device().ordinal());
+              if (resident > 0) {
+                kernel<<<grid1(j.name, std::min<int64_t>(blocks, resident)), threads, smem,
+                         j.st>>>(x, w, b, y, mean, rstd, j.R, j.L, tl, j.S, j.G, j.Cg, eps, vec);
+                TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
+                return;
+              }
             }
           }
+          fwd_rows_kernel<T, K, NV, false, kAl><<<grid1(j.name, blocks), threads, 0, j.st>>>(
+              x, w, b, y, mean, rstd, j.R, j.L, tl, j.S, j.G, j.Cg, eps, vec);
+          TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
+        };
+        if constexpr (K != Kind::kGroup) {
+          if (vec) {
+            run(std::true_type{});
+            return;
+          }
         }
-        fwd_rows_kernel<T, K, NV, false><<<grid1(j.name, blocks), threads, 0, j.st>>>(
-            x, w, b, y, mean, rstd, j.R, j.L, tl, j.S, j.G, j.Cg, eps, vec);
-        TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
+        run(std::false_type{});
       });
       return;
     }
