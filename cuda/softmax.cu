@@ -122,10 +122,15 @@ inline constexpr int kSlots = kArrays<K> * kNv<T, K> + (is_bwd(K) ? 1 : 0);
 ///   (48 KB a block), 2 backward (40 KB, so that four fit): bf16 4096x16384 forward 123.4 ->
 ///   114.4 us, forward+backward 318.6 -> 293.2 against 3 blocks and 3 stages;
 /// - f64: 2 stages (128-144 bytes a thread: 64-72 KB), 2 blocks (its rows spill at three).
+/// gpu-wip5: the block rows take blocks of up to kPipeRowBlock = 512 threads, so that a row of
+/// 512 threads (bf16 4096x16384 forward) is one block and reduces through the block's barriers,
+/// where it took a cluster of two and three cluster barriers a row; the register bound is kept
+/// at 64 for the half types (two such blocks an SM) and 128 for f64 (one).
 template <class T, Kind K, bool kWarp>
 inline constexpr int kStages = !is_half_v<T> ? 2 : (is_bwd(K) && !kWarp ? 2 : 3);
+constexpr int kPipeRowBlock = 512;
 template <class T, bool kWarp>
-inline constexpr int kPipeMinBlocks = sizeof(T) == 8 ? 2 : (kWarp ? 3 : 4);
+inline constexpr int kPipeMinBlocks = sizeof(T) == 8 ? (kWarp ? 2 : 1) : (kWarp ? 3 : 2);
 /// Whether T's aligned on-chip rows take the pipelined kernels. f32 does not: its rows were at
 /// 90-100 % of the copy already, and pipelined they lost up to 11 % (H100, run 30 of
 /// docs/cuda.md: 4096x16384 forward 195.8 -> 216.6 us), while bf16 gained 19-26 % and f64 17-21 %.
@@ -603,7 +608,7 @@ __global__ void __launch_bounds__(kWarpBlock, kPipeMinBlocks<T, true>)
 
 /// block_rows_kernel's rows, pipelined: one block (cluster of blocks) per row.
 template <class T, Kind K>
-__global__ void __launch_bounds__(kRowBlock, kPipeMinBlocks<T, false>)
+__global__ void __launch_bounds__(kPipeRowBlock, kPipeMinBlocks<T, false>)
     block_rows_pipe_kernel(RowArgs<T> a) {
   __shared__ alignas(16) unsigned char red[32 * sizeof(MaxSum<compute_t<T>>)];
   __shared__ alignas(16) unsigned char xch[2 * sizeof(MaxSum<compute_t<T>>)];
@@ -830,20 +835,24 @@ void run_rows_al(const char* name, const std::vector<Tensor>& in, const RowArgs<
     return;
   }
   if (G <= kMaxTeam) {
-    // One block of G <= 256 threads, or a cluster of up to 8 (the portable limit) such blocks.
-    const int threads = static_cast<int>(std::min<int64_t>(G, kRowBlock));
-    const int cs = static_cast<int>(G / threads);
-    const int64_t blocks = std::min(a.R, kMaxGrid / cs) * cs;
     if constexpr (kAl && kPipeRows<T>) {
+      // One block of G <= 512 threads, or a cluster of up to 4 such blocks.
+      const int threads = static_cast<int>(std::min<int64_t>(G, kPipeRowBlock));
+      const int cs = static_cast<int>(G / threads);
       const size_t smem = pipe_smem<T, K, false>(threads);
       auto* kernel = &block_rows_pipe_kernel<T, K>;
       const int resident = resident_blocks(reinterpret_cast<const void*>(kernel), threads, smem,
                                            cs, in[0].device().ordinal());
       if (resident >= cs) {
+        const int64_t blocks = std::min(a.R, kMaxGrid / cs) * cs;
         launch(name, in, kernel, std::min<int64_t>(blocks, resident), threads, cs, smem, st, a);
         return;
       }
     }
+    // One block of G <= 256 threads, or a cluster of up to 8 (the portable limit) such blocks.
+    const int threads = static_cast<int>(std::min<int64_t>(G, kRowBlock));
+    const int cs = static_cast<int>(G / threads);
+    const int64_t blocks = std::min(a.R, kMaxGrid / cs) * cs;
     launch(name, in, &block_rows_kernel<T, K, kAl>, blocks, threads, cs, 0, st, a);
     return;
   }
