@@ -171,7 +171,16 @@ int resident_blocks(const void* kernel, int threads, size_t smem, int cluster, i
   (void)stream(ordinal);  // makes `ordinal` current: function attributes are per device
   size_t& lim = limit[{kernel, ordinal}];
   cudaError_t e = cudaSuccess;
-  if (smem > lim) {
+  // More shared memory than a block may have on this device: refused here, not by an API call
+  // that fails (compute-sanitizer reports those; run 36, f64 softmax backward rows).
+  cudaFuncAttributes fa{};
+  e = cudaFuncGetAttributes(&fa, kernel);
+  if (e == cudaSuccess &&
+      smem + fa.sharedSizeBytes > device_props(ordinal).sharedMemPerBlockOptin) {
+    found.emplace(key, 0);
+    return 0;
+  }
+  if (e == cudaSuccess && smem > lim) {
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(smem));
     if (e == cudaSuccess) lim = smem;
