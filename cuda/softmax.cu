@@ -122,7 +122,7 @@ inline constexpr int kSlots = kArrays<K> * kNv<T, K> + (is_bwd(K) ? 1 : 0);
 ///   (48 KB a block), 2 backward (40 KB, so that four fit): bf16 4096x16384 forward 123.4 ->
 ///   114.4 us, forward+backward 318.6 -> 293.2 against 3 blocks and 3 stages;
 /// - f64: 2 stages (128-144 bytes a thread: 64-72 KB), 2 blocks (its rows spill at three).
-/// gpu-wip5: the block rows take blocks of up to kPipeRowBlock = 512 threads, so that a row of
+/// Run 36: the block rows take blocks of up to kPipeRowBlock = 512 threads, so that a row of
 /// 512 threads (bf16 4096x16384 forward) is one block and reduces through the block's barriers,
 /// where it took a cluster of two and three cluster barriers a row; the register bound is kept
 /// at 64 for the half types (two such blocks an SM) and 128 for f64 (one).
@@ -138,6 +138,12 @@ template <class T> inline constexpr bool kPipeRows = !std::is_same_v<T, float>;
 template <class T, Kind K, bool kWarp> constexpr size_t pipe_smem(int threads) {
   return static_cast<size_t>(kStages<T, K, kWarp>) * kSlots<T, K> * threads * 16;
 }
+/// Threads a block of the pipelined block rows: kPipeRowBlock, or kRowBlock where that many
+/// threads' stages would pass the 227 KB a block may have on sm_90 (f64 log_softmax backward:
+/// 2 stages x 17 slots x 512 x 16 B = 278 KB; run 36 found it refused and run unpipelined).
+template <class T, Kind K>
+inline constexpr int kPipeBlock =
+    pipe_smem<T, K, false>(kPipeRowBlock) <= (size_t{227} << 10) ? kPipeRowBlock : kRowBlock;
 
 __host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -836,8 +842,8 @@ void run_rows_al(const char* name, const std::vector<Tensor>& in, const RowArgs<
   }
   if (G <= kMaxTeam) {
     if constexpr (kAl && kPipeRows<T>) {
-      // One block of G <= 512 threads, or a cluster of up to 4 such blocks.
-      const int threads = static_cast<int>(std::min<int64_t>(G, kPipeRowBlock));
+      // One block of G <= kPipeBlock threads, or a cluster of such blocks.
+      const int threads = static_cast<int>(std::min<int64_t>(G, kPipeBlock<T, K>));
       const int cs = static_cast<int>(G / threads);
       const size_t smem = pipe_smem<T, K, false>(threads);
       auto* kernel = &block_rows_pipe_kernel<T, K>;
