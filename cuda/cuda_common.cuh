@@ -105,25 +105,51 @@ inline cudaLaunchConfig_t cluster_config(cudaLaunchAttribute& attr, unsigned blo
 }
 
 #ifdef __CUDACC__  // a launch: nvcc translation units only (bench_cuda.cpp includes this header)
+/// Launches `kernel` for op `name` by `cfg` (cudaLaunchKernelEx) and checks the launch: a refusal
+/// is a taper::Error naming the op (TAPER_CUDA_CHECK_LAUNCH's, for what follows).
+template <class... P, class... A>
+void launch_ex(const char* name, const std::vector<Tensor>& in, const cudaLaunchConfig_t& cfg,
+               void (*kernel)(P...), A&&... args) {
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // not left behind for the next launch's check
+    throw_cuda_error(e, "cudaLaunchKernelEx", __FILE__, __LINE__, name);
+  }
+  TAPER_CUDA_CHECK_LAUNCH(name, in);
+}
+
 /// Launches `kernel` for op `name` with `cs` blocks per cluster (a plain launch when cs == 1) and
-/// checks the launch (TAPER_CUDA_CHECK_LAUNCH; a refused cluster launch is a taper::Error naming
-/// the op too).
+/// checks the launch.
 template <class... P, class... A>
 void launch_clustered(const char* name, const std::vector<Tensor>& in, void (*kernel)(P...),
                       unsigned blocks, int threads, int cs, size_t smem, cudaStream_t st,
                       A&&... args) {
   if (cs == 1) {
     kernel<<<blocks, threads, smem, st>>>(std::forward<A>(args)...);
-  } else {
-    cudaLaunchAttribute attr;
-    const cudaLaunchConfig_t cfg = cluster_config(attr, blocks, threads, cs, smem, st);
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
-    if (e != cudaSuccess) {
-      (void)cudaGetLastError();  // not left behind for the next launch's check
-      throw_cuda_error(e, "cudaLaunchKernelEx", __FILE__, __LINE__, name);
-    }
+    TAPER_CUDA_CHECK_LAUNCH(name, in);
+    return;
   }
-  TAPER_CUDA_CHECK_LAUNCH(name, in);
+  cudaLaunchAttribute attr;
+  launch_ex(name, in, cluster_config(attr, blocks, threads, cs, smem, st), kernel,
+            std::forward<A>(args)...);
+}
+
+/// A cooperative launch of `blocks` blocks (no dynamic shared memory): every block resident at
+/// once, so that the kernel may wait on the whole grid (cooperative_groups' grid sync). The
+/// caller checks first that the device holds that many (resident_blocks).
+template <class... P, class... A>
+void launch_cooperative(const char* name, const std::vector<Tensor>& in, void (*kernel)(P...),
+                        unsigned blocks, int threads, cudaStream_t st, A&&... args) {
+  cudaLaunchAttribute attr = {};
+  attr.id = cudaLaunchAttributeCooperative;
+  attr.val.cooperative = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(blocks);
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.stream = st;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  launch_ex(name, in, cfg, kernel, std::forward<A>(args)...);
 }
 #endif
 

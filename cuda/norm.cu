@@ -5,7 +5,7 @@
 //
 // What it is: one "row" abstraction, as on the CPU: a contiguous run of L elements with its own
 // statistics (rms/layer: a row of the last dim, L = D; group norm: the C/G channels x S positions
-// of one (n, group), contiguous in (N, C, S), L = C/G * S). Four plans:
+// of one (n, group), contiguous in (N, C, S), L = C/G * S). Its plans:
 //   rows: a group of tpr threads (a power of two; 256 / tpr groups per block when tpr < 256)
 //     holds a row in registers; forward (rms/layer/group) 16 values per thread (8 for f64, 32
 //     for bf16/f16 rms: 64 bytes each), so L <= 16384 (8192 f64); rms/layer backward 8 values
@@ -22,6 +22,12 @@
 //     backward. A block's registers take one chunk (forward 4096 elements, 2048 f64; rms/layer
 //     backward 2048, 1024 f64); a later kernel merges the per-chunk partials in a fixed order:
 //     inline (each block folds its row's <= 256 partials itself), else one block per row.
+//   grid: the chunk plans (forward, with <= kInlineMerge chunks a row; group norm's backward,
+//     with whole pieces a channel) in one cooperative launch where the device holds all their
+//     blocks at once: each block keeps its chunk in registers across a grid-wide barrier, so x
+//     (and dy) are read once and one launch does the work of two (small shapes: group norm
+//     (1, 16, 256, 256)/4 is 256 blocks). The same operations, so the same bits, as the
+//     two-kernel forms, which take the shapes with more blocks.
 //   pipelined rows (aligned; forward: f64; backward: bf16, f16): the rows plan with
 //     each thread's vectors copied two rows ahead into its own shared-memory slots (cp.async,
 //     pipelined_rows in cuda/vec_io.cuh), so that loads stay in flight while rows reduce and
@@ -42,12 +48,14 @@
 //   fwd_chunk_stats_kernel  x -> (mean, M2) per (row, chunk)                 n s
 //   fwd_merge_kernel        partials -> mean, rstd (rows of > 256 chunks)    -
 //   fwd_chunk_write_kernel  x, stats -> y (x again: from L2 when it fits)    2 n s
+//   fwd_chunk_grid_kernel   the two above in one cooperative launch          2 n s
 //   bwd_rows_kernel         x, dy -> dx, dw/db partials (P, D), P <= 512      3 n s
 //   bwd_chunk_sums_kernel   x, dy -> row-chunk sums, dw/db partials          2 n s
 //   sums_merge_kernel       row sums of rows of > 256 partials               -
 //   bwd_chunk_dx_kernel     x, dy, sums -> dx                                3 n s
 //   gn_bwd_sums_kernel      x, dy -> sums of u, q, dy per (n, c, piece)      2 n s
 //   gn_bwd_dx_kernel        x, dy, sums -> dx                                3 n s
+//   gn_bwd_grid_kernel      the two above in one cooperative launch          3 n s
 //   col_reduce_kernel       partials -> dw, db           P D (or N C pieces) values, f32/f64
 // The rows backward's partials cost P / R of a tensor per output (dw, db) in f32, written and
 // read once.
@@ -225,6 +233,13 @@ template <class C> __device__ __forceinline__ C rstd_of(C v, C eps) {
 }
 
 /// Chan's merge of (count, mean, M2), cpu/norm.cpp's MeanM2::add.
+/// A partial sum: kL2, through L2 only (__ldcg), for partials written earlier in the same launch
+/// by other blocks (the grid kernels, after their grid-wide barrier); else an ordinary load.
+template <bool kL2, class C> __device__ __forceinline__ C ld_part(const C* p) {
+  if constexpr (kL2) return __ldcg(p);
+  else return *p;
+}
+
 template <class C> struct MeanM2 {
   double n;
   C mean, m2;
@@ -258,7 +273,7 @@ template <class C> __device__ __forceinline__ void chan_tree(MeanM2<C>& a) {
 /// A thread's share of a row's backward sums: for k = first, first + stride, ... < np,
 /// s0 += w_k a0[(r0 + k) * st] and s1 += w_k a1[(r0 + k) * st], w_k = w[ch0 + k / P] (group
 /// norm's per-channel sums) or 1 (w null: the partials already hold the weights).
-template <class T>
+template <class T, bool kL2 = false>
 __device__ __forceinline__ void row_sums(compute_t<T> (&s)[2], const compute_t<T>* __restrict__ a0,
                                          const compute_t<T>* __restrict__ a1, int64_t st,
                                          int64_t r0, int64_t np, int64_t first, int64_t stride,
@@ -266,8 +281,8 @@ __device__ __forceinline__ void row_sums(compute_t<T> (&s)[2], const compute_t<T
   using C = compute_t<T>;
   for (int64_t k = first; k < np; k += stride) {
     const C wk = w ? load_c(w[ch0 + k / P]) : C(1);
-    s[0] = fma(wk, a0[(r0 + k) * st], s[0]);
-    s[1] = fma(wk, a1[(r0 + k) * st], s[1]);
+    s[0] = fma(wk, ld_part<kL2>(a0 + (r0 + k) * st), s[0]);
+    s[1] = fma(wk, ld_part<kL2>(a1 + (r0 + k) * st), s[1]);
   }
 }
 
@@ -723,28 +738,28 @@ __global__ void __launch_bounds__(kClusterThreads)
   cl.barrier_wait();  // no block leaves while another may still read its slots
 }
 
-/// Chunk statistics. x: (R, L) in chunks of cs = kBlock * kFwdVecs * V elements; block it =
-/// row * nch + chunk writes the chunk's two-pass (mean, M2) to pm[it], pm2[it] (rms: the sum of
-/// squares to pm2[it]).
-template <class T, Kind K>
-__global__ void __launch_bounds__(kBlock)
-    fwd_chunk_stats_kernel(const T* __restrict__ x, int64_t L, int64_t nch, bool vec,
-                           compute_t<T>* __restrict__ pm, compute_t<T>* __restrict__ pm2) {
-  using C = compute_t<T>;
-  constexpr int V = kV<T>, NV = kFwdVecs<T>;
-  constexpr int64_t cs = static_cast<int64_t>(kBlock) * NV * V;
-  __shared__ C red[kBlock / 32];
-  const int64_t it = blockIdx.x;
-  const int64_t row = it / nch, c = it - row * nch;
-  const T* xr = x + row * L;
-  const int64_t lo = c * cs, hi = dmin(L, lo + cs);
-  C v[NV][V];
+/// The chunk of block `it` = row * nch + chunk of x (R, L), cs = kBlock * kFwdVecs * V elements:
+/// thread t's vectors (u * kBlock + t) V, u < NV, into v (zeros past the row's end).
+template <class T>
+__device__ __forceinline__ void chunk_load(const T* __restrict__ xr, int64_t lo, int64_t hi,
+                                           bool vec, compute_t<T> (&v)[kFwdVecs<T>][kV<T>]) {
 #pragma unroll
-  for (int u = 0; u < NV; ++u) {
-    const int64_t i = lo + (static_cast<int64_t>(u) * kBlock + threadIdx.x) * V;
+  for (int u = 0; u < kFwdVecs<T>; ++u) {
+    const int64_t i = lo + (static_cast<int64_t>(u) * kBlock + threadIdx.x) * kV<T>;
     if (i < hi) load_vec(xr, i, hi, vec, v[u]);
     else zero_vec<T>(v[u]);
   }
+}
+
+/// The chunk [lo, hi)'s two-pass (mean, M2) -> pm[it], pm2[it] (rms: the sum of squares ->
+/// pm2[it]), from the block's registers v (chunk_load).
+template <class T, Kind K>
+__device__ __forceinline__ void chunk_partials(const compute_t<T> (&v)[kFwdVecs<T>][kV<T>],
+                                               int64_t lo, int64_t hi, int64_t it,
+                                               compute_t<T>* red, compute_t<T>* pm,
+                                               compute_t<T>* pm2) {
+  using C = compute_t<T>;
+  constexpr int V = kV<T>, NV = kFwdVecs<T>;
   if constexpr (K == Kind::kRms) {
     C s[1] = {C(0)};
 #pragma unroll
@@ -771,6 +786,84 @@ __global__ void __launch_bounds__(kBlock)
       pm2[it] = m[0];
     }
   }
+}
+
+/// A row's statistics from its nch <= kInlineMerge chunk partials from p0 on, merged by one warp
+/// (lane k folds chunks k, k + 32, ... in order, then chan_tree). kL2: partials written in this
+/// launch (ld_part).
+template <class C, Kind K, bool kL2>
+__device__ __forceinline__ void merge_warp(const C* pm, const C* pm2, int64_t p0, int64_t nch,
+                                           int64_t L, int64_t cs, C eps, C& mu, C& rs) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  C var;
+  mu = C(0);
+  if constexpr (K == Kind::kRms) {
+    C s[1] = {C(0)};
+    for (int64_t k = lane; k < nch; k += 32) s[0] += ld_part<kL2>(pm2 + p0 + k);
+    lanes_sum(s, 32);
+    var = s[0] / static_cast<C>(L);
+  } else {
+    MeanM2<C> a{0.0, C(0), C(0)};
+    for (int64_t k = lane; k < nch; k += 32)
+      a.add(static_cast<double>(dmin(cs, L - k * cs)), ld_part<kL2>(pm + p0 + k),
+            ld_part<kL2>(pm2 + p0 + k));
+    chan_tree(a);
+    mu = __shfl_sync(0xffffffffu, a.mean, 0);
+    var = __shfl_sync(0xffffffffu, a.m2, 0) / static_cast<C>(L);
+  }
+  rs = rstd_of(var, eps);
+}
+
+/// merge_warp in the block's warp 0, shared with the block through shared memory (every thread
+/// must call it). Each warp merged for itself before: 8 times the Chan merges' FP64 divisions
+/// (run 38's ncu: 221 K FP64 instructions in fwd_chunk_grid_kernel on (1, 16, 256, 256)/4).
+template <class C, Kind K, bool kL2>
+__device__ __forceinline__ void merge_chunks(const C* pm, const C* pm2, int64_t p0, int64_t nch,
+                                             int64_t L, int64_t cs, C eps, C& mu, C& rs) {
+  __shared__ C stat[2];
+  if (threadIdx.x < 32) {
+    merge_warp<C, K, kL2>(pm, pm2, p0, nch, L, cs, eps, mu, rs);
+    if (threadIdx.x == 0) {
+      stat[0] = mu;
+      stat[1] = rs;
+    }
+  }
+  __syncthreads();
+  mu = stat[0];
+  rs = stat[1];
+}
+
+/// y of one chunk vector at row position i < hi: the affine map of xv, as fwd_rows_kernel.
+template <class T, Kind K>
+__device__ __forceinline__ void chunk_store(const compute_t<T> (&xv)[kV<T>], T* __restrict__ yr,
+                                            int64_t i, int64_t hi, int64_t L, int64_t S,
+                                            int64_t ch0, const T* __restrict__ w,
+                                            const T* __restrict__ b, compute_t<T> mu,
+                                            compute_t<T> rs, bool vec) {
+  compute_t<T> o[kV<T>];
+  if constexpr (K == Kind::kGroup)
+    group_affine<T>(xv, o, i, hi, S, ch0, w, b, mu, rs, L <= 0xffffffffLL);
+  else
+    elem_affine<T>(xv, o, i, L, w, b, mu, rs, vec);
+  store_vec(yr, i, hi, vec, o);
+}
+
+/// Chunk statistics. x: (R, L) in chunks of cs = kBlock * kFwdVecs * V elements; block it =
+/// row * nch + chunk writes the chunk's two-pass (mean, M2) to pm[it], pm2[it] (rms: the sum of
+/// squares to pm2[it]).
+template <class T, Kind K>
+__global__ void __launch_bounds__(kBlock)
+    fwd_chunk_stats_kernel(const T* __restrict__ x, int64_t L, int64_t nch, bool vec,
+                           compute_t<T>* __restrict__ pm, compute_t<T>* __restrict__ pm2) {
+  using C = compute_t<T>;
+  constexpr int64_t cs = static_cast<int64_t>(kBlock) * kFwdVecs<T> * kV<T>;
+  __shared__ C red[kBlock / 32];
+  const int64_t it = blockIdx.x;
+  const int64_t row = it / nch, c = it - row * nch;
+  const int64_t lo = c * cs, hi = dmin(L, lo + cs);
+  C v[kFwdVecs<T>][kV<T>];
+  chunk_load<T>(x + row * L, lo, hi, vec, v);
+  chunk_partials<T, K>(v, lo, hi, it, red, pm, pm2);
 }
 
 /// Long rows' statistics (more than kInlineMerge chunks): block `row` folds the row's chunk
@@ -814,9 +907,8 @@ __global__ void __launch_bounds__(kBlock)
 }
 
 /// Chunk normalisation: block it = row * nch + chunk. With pm2 null the statistics are read
-/// from mean/rstd (fwd_merge_kernel); else each warp merges the row's partials itself (lane k
-/// folds chunks k, k + 32, ... in order, then chan_tree; the same bits in every warp and block
-/// of the row) and chunk 0's block stores them. Then the chunk is written as in
+/// from mean/rstd (fwd_merge_kernel); else the block's warp 0 merges the row's partials
+/// (merge_chunks) and chunk 0's block stores them. Then the chunk is written as in
 /// fwd_rows_kernel.
 template <class T, Kind K>
 __global__ void __launch_bounds__(kBlock)
@@ -832,48 +924,63 @@ __global__ void __launch_bounds__(kBlock)
   const int64_t it = blockIdx.x;
   const int64_t row = it / nch, c = it - row * nch;
   const int64_t lo = c * cs, hi = dmin(L, lo + cs);
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int64_t p0 = row * nch;
   C mu = C(0), rs;
   if (pm2 == nullptr) {  // uniform
     if constexpr (K != Kind::kRms) mu = mean[row];
     rs = rstd[row];
   } else {
-    C var;
-    if constexpr (K == Kind::kRms) {
-      C s[1] = {C(0)};
-      for (int64_t k = lane; k < nch; k += 32) s[0] += pm2[p0 + k];
-      lanes_sum(s, 32);
-      var = s[0] / static_cast<C>(L);
-    } else {
-      MeanM2<C> a{0.0, C(0), C(0)};
-      for (int64_t k = lane; k < nch; k += 32)
-        a.add(static_cast<double>(dmin(cs, L - k * cs)), pm[p0 + k], pm2[p0 + k]);
-      chan_tree(a);
-      mu = __shfl_sync(0xffffffffu, a.mean, 0);
-      var = __shfl_sync(0xffffffffu, a.m2, 0) / static_cast<C>(L);
-    }
-    rs = rstd_of(var, eps);
+    merge_chunks<C, K, false>(pm, pm2, row * nch, nch, L, cs, eps, mu, rs);
     if (c == 0 && threadIdx.x == 0) {
       if constexpr (K != Kind::kRms) mean[row] = mu;
       rstd[row] = rs;
     }
   }
   const T* xr = x + row * L;
-  T* yr = y + row * L;
-  const bool small = L <= 0xffffffffLL;
 #pragma unroll
   for (int u = 0; u < NV; ++u) {
     const int64_t i = lo + (static_cast<int64_t>(u) * kBlock + threadIdx.x) * V;
     if (i < hi) {
-      C xv[V], o[V];
+      C xv[V];
       load_vec(xr, i, hi, vec, xv);
-      if constexpr (K == Kind::kGroup)
-        group_affine<T>(xv, o, i, hi, S, (row % G) * Cg, w, b, mu, rs, small);
-      else
-        elem_affine<T>(xv, o, i, L, w, b, mu, rs, vec);
-      store_vec(yr, i, hi, vec, o);
+      chunk_store<T, K>(xv, y + row * L, i, hi, L, S, (row % G) * Cg, w, b, mu, rs, vec);
     }
+  }
+}
+
+/// The chunk plan in one launch, where its blocks all fit on the device at once (a cooperative
+/// launch) and each row has at most kInlineMerge chunks: fwd_chunk_stats_kernel's partials, a
+/// grid-wide barrier, then fwd_chunk_write_kernel's merge and stores from the chunk still held
+/// in registers. The same operations as those two kernels (the same bits), in one launch
+/// instead of two, and x read once (2 n s bytes, where the two kernels move 3 n s): the small
+/// group norm (1, 16, 256, 256)/4 is 256 such blocks.
+template <class T, Kind K>
+__global__ void __launch_bounds__(kBlock)
+    fwd_chunk_grid_kernel(const T* __restrict__ x, const T* __restrict__ w,
+                          const T* __restrict__ b, T* __restrict__ y,
+                          compute_t<T>* __restrict__ mean, compute_t<T>* __restrict__ rstd,
+                          compute_t<T>* pm, compute_t<T>* pm2, int64_t L, int64_t nch,
+                          int64_t S, int64_t G, int64_t Cg, compute_t<T> eps, bool vec) {
+  using C = compute_t<T>;
+  constexpr int V = kV<T>, NV = kFwdVecs<T>;
+  constexpr int64_t cs = static_cast<int64_t>(kBlock) * NV * V;
+  __shared__ C red[kBlock / 32];
+  const int64_t it = blockIdx.x;
+  const int64_t row = it / nch, c = it - row * nch;
+  const int64_t lo = c * cs, hi = dmin(L, lo + cs);
+  C v[NV][V];
+  chunk_load<T>(x + row * L, lo, hi, vec, v);
+  chunk_partials<T, K>(v, lo, hi, it, red, pm, pm2);
+  cooperative_groups::this_grid().sync();  // every chunk's partials written and visible
+  C mu, rs;
+  merge_chunks<C, K, true>(pm, pm2, row * nch, nch, L, cs, eps, mu, rs);
+  if (c == 0 && threadIdx.x == 0) {
+    if constexpr (K != Kind::kRms) mean[row] = mu;
+    rstd[row] = rs;
+  }
+#pragma unroll
+  for (int u = 0; u < NV; ++u) {
+    const int64_t i = lo + (static_cast<int64_t>(u) * kBlock + threadIdx.x) * V;
+    if (i < hi) chunk_store<T, K>(v[u], y + row * L, i, hi, L, S, (row % G) * Cg, w, b, mu, rs, vec);
   }
 }
 
@@ -1277,6 +1384,21 @@ __device__ __forceinline__ void gn_sums_vec(const compute_t<T> (&xv)[kV<T>],
   }
 }
 
+/// Group norm's dx of a whole vector in one channel (weight wc, or none):
+/// dx = fma(u, w, fma(d, -k, -c)), u = dy rho, d = x - mean (the composed form's two mul_adds).
+template <class T>
+__device__ __forceinline__ void gn_dx_vec(const compute_t<T> (&xv)[kV<T>],
+                                          const compute_t<T> (&gv)[kV<T>], compute_t<T> mu,
+                                          compute_t<T> rho, compute_t<T> kk, compute_t<T> cc,
+                                          compute_t<T> wc, bool has_w, compute_t<T> (&o)[kV<T>]) {
+#pragma unroll
+  for (int l = 0; l < kV<T>; ++l) {
+    const compute_t<T> t = fma(xv[l] - mu, -kk, -cc);
+    const compute_t<T> uu = gv[l] * rho;
+    o[l] = has_w ? fma(uu, wc, t) : uu + t;
+  }
+}
+
 /// Per-channel sums. x, dy: (N, C, S), each channel run cut into P pieces of ps elements; item
 /// = (n * C + ch) * P + p, taken by a group of tpu threads (blockDim.x / tpu items per block):
 /// pu[item] = sum(u), pq[item] = sum(q), pdy[item] (or null) = sum(dy) over the piece, with the
@@ -1394,12 +1516,7 @@ __global__ void __launch_bounds__(kBlock)
       int64_t next = (cl + 1) * S;
       C wc = w ? load_c(w[ch0 + cl]) : C(1);
       if (i + V <= hi && i + V <= next) {  // whole, in one channel: no per-element tests
-#pragma unroll
-        for (int l = 0; l < V; ++l) {
-          const C t = fma(xv[l] - mu, -kk, -cc);
-          const C uu = gv[l] * rho;
-          o[l] = w ? fma(uu, wc, t) : uu + t;
-        }
+        gn_dx_vec<T>(xv, gv, mu, rho, kk, cc, wc, w != nullptr, o);
         store_vec(dx + off, i, hi, vec, o);
         continue;
       }
@@ -1479,6 +1596,77 @@ Shape rows_shape(const Tensor& x) {
   return Shape(d);
 }
 
+/// The group norm backward in one cooperative launch, where every channel run is P whole
+/// pieces of kBlock * kFwdVecs * V elements (S a multiple of that), a row has at most
+/// kInlineMerge pieces and the device holds every block: block item = (n * C + ch) * P + p
+/// takes gn_bwd_sums_kernel's piece (kBlock threads), waits on the whole grid, then takes
+/// gn_bwd_dx_kernel's row sums and the dx of the same elements, still in registers. The same
+/// operations as those two kernels (the same bits); x and dy read once (3 n s bytes, where the
+/// two move 5 n s), one launch instead of two: the small (1, 16, 256, 256)/4 is 256 blocks.
+template <class T>
+__global__ void __launch_bounds__(kBlock)
+    gn_bwd_grid_kernel(const T* __restrict__ x, const T* __restrict__ w,
+                       const compute_t<T>* __restrict__ mean,
+                       const compute_t<T>* __restrict__ rstd, const T* __restrict__ dy,
+                       compute_t<T>* pu, compute_t<T>* pq, compute_t<T>* pdy, T* __restrict__ dx,
+                       int64_t Cn, int64_t S, int64_t G, int64_t Cg, int64_t P,
+                       compute_t<T> inv_m, bool vec) {
+  using C = compute_t<T>;
+  constexpr int V = kV<T>, NU = kFwdVecs<T>;
+  constexpr int64_t ps = static_cast<int64_t>(kBlock) * NU * V;
+  __shared__ C red[kBlock / 32 * 3];
+  const int64_t item = blockIdx.x;
+  const int64_t nc = item / P, p = item - nc * P;
+  const int64_t n = nc / Cn, ch = nc - n * Cn;
+  const int64_t row = n * G + ch / Cg;
+  const int64_t lo = p * ps, hi = lo + ps;
+  const T* xc = x + nc * S;
+  const T* gc = dy + nc * S;
+  const C mu = mean[row], rho = rstd[row];
+  C xv[NU][V], gv[NU][V];
+#pragma unroll
+  for (int k = 0; k < NU; ++k) {
+    const int64_t i = lo + (static_cast<int64_t>(k) * kBlock + threadIdx.x) * V;
+    load_vec(xc, i, hi, vec, xv[k]);
+    load_vec(gc, i, hi, vec, gv[k]);
+  }
+  C s[3] = {C(0), C(0), C(0)};
+#pragma unroll
+  for (int k = 0; k < NU; ++k) gn_sums_vec<true, T>(xv[k], gv[k], V, mu, rho, s);
+  group_sum(s, kBlock, red);
+  if (threadIdx.x == 0) {
+    pu[item] = s[0];
+    pq[item] = s[1];
+    if (pdy) pdy[item] = s[2];
+  }
+  cooperative_groups::this_grid().sync();  // every piece's sums written and visible
+  const int64_t ch0 = (row % G) * Cg;
+  __shared__ C rsum[2];
+  C r[2] = {C(0), C(0)};
+  if (threadIdx.x < 32) {  // warp 0 folds the row's sums (as each warp of gn_bwd_dx_kernel)
+    row_sums<T, true>(r, pu, pq, 1, row * Cg * P, Cg * P, static_cast<int>(threadIdx.x), 32, w,
+                      ch0, P);
+    lanes_sum(r, 32);
+    if (threadIdx.x == 0) {
+      rsum[0] = r[0];
+      rsum[1] = r[1];
+    }
+  }
+  __syncthreads();
+  r[0] = rsum[0];
+  r[1] = rsum[1];
+  const C kk = rho * rho * r[1] * inv_m;
+  const C cc = r[0] * inv_m;
+  const C wc = w ? load_c(w[ch]) : C(1);
+#pragma unroll
+  for (int k = 0; k < NU; ++k) {
+    const int64_t i = lo + (static_cast<int64_t>(k) * kBlock + threadIdx.x) * V;
+    C o[V];
+    gn_dx_vec<T>(xv[k], gv[k], mu, rho, kk, cc, wc, w != nullptr, o);
+    store_vec(dx + nc * S, i, hi, vec, o);
+  }
+}
+
 /// A scratch tensor of n compute-type values on `like`'s device (returned to the allocator's
 /// cache when `holder` goes; later work on the same stream is ordered after this use).
 template <class C> C* scratch(Tensor& holder, int64_t n, const Tensor& like) {
@@ -1496,6 +1684,14 @@ unsigned grid1(const char* name, int64_t blocks) {
   TAPER_CHECK(blocks <= std::numeric_limits<int32_t>::max(), name, ": too many blocks (", blocks,
               ")");
   return static_cast<unsigned>(blocks);
+}
+
+/// Blocks of kBlock threads (no dynamic shared memory) of `kernel` a cooperative launch may
+/// have on `like`'s device: all it holds at once, or 0 where the device cannot launch so.
+int cooperative_blocks(const void* kernel, const Tensor& like) {
+  const int ordinal = like.device().ordinal();
+  if (!device_props(ordinal).cooperativeLaunch) return 0;
+  return resident_blocks(kernel, kBlock, 0, 1, ordinal);
 }
 
 /// Smallest l with (per << l) >= n (n >= 1).
@@ -1623,6 +1819,14 @@ template <class T, Kind K> void run_fwd(const Job& j) {
   C* pm = K == Kind::kRms ? nullptr : scratch<C>(hm, items, (*j.in)[0]);
   C* pm2 = scratch<C>(hm2, items, (*j.in)[0]);
   const unsigned grid = grid1(j.name, items);
+  if (nch <= kInlineMerge) {  // one cooperative launch, where the device holds every block
+    auto* kernel = &fwd_chunk_grid_kernel<T, K>;
+    if (items <= cooperative_blocks(reinterpret_cast<const void*>(kernel), (*j.in)[0])) {
+      launch_cooperative(j.name, *j.in, kernel, grid, kBlock, j.st, x, w, b, y, mean, rstd, pm,
+                         pm2, j.L, nch, j.S, j.G, j.Cg, eps, vec);
+      return;
+    }
+  }
   fwd_chunk_stats_kernel<T, K><<<grid, kBlock, 0, j.st>>>(x, j.L, nch, vec, pm, pm2);
   TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
   const bool merge = nch > kInlineMerge;  // else each write block merges its row's few chunks
@@ -1767,6 +1971,17 @@ template <class T> void run_bwd_group(const Job& j) {
   C* pu = scratch<C>(hu, items, like);
   C* pq = scratch<C>(hq, items, like);
   C* pdy = need_b ? scratch<C>(hdy, items, like) : nullptr;
+  const C inv_m = static_cast<C>(1.0 / static_cast<double>(j.L));
+  if (j.S % ps_max == 0 && j.Cg * P <= kInlineMerge) {  // one cooperative launch, if it fits
+    auto* kernel = &gn_bwd_grid_kernel<T>;
+    if (items <= cooperative_blocks(reinterpret_cast<const void*>(kernel), like)) {
+      launch_cooperative(j.name, *j.in, kernel, grid1(j.name, items), kBlock, j.st, x, w, mean,
+                         rstd, dy, pu, pq, pdy, dx, j.Cn, j.S, j.G, j.Cg, P, inv_m,
+                         aligned16(x) && aligned16(dy) && aligned16(dx));
+      fold_partials<C, T>(j, j.dw.defined() ? pq : nullptr, pdy, j.N, j.Cn, P);
+      return;
+    }
+  }
   gn_bwd_sums_kernel<T><<<grid1(j.name, ceil_div(items, kBlock >> tpu_log2)), kBlock, 0, j.st>>>(
       x, dy, mean, rstd, pu, pq, pdy, items, j.Cn, j.S, j.G, j.Cg, P, ps, tpu_log2, vec_s);
   TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
@@ -1776,7 +1991,6 @@ template <class T> void run_bwd_group(const Job& j) {
   const int64_t nch = ceil_div(j.L, cs);
   const int64_t dx_items = j.R * nch;
   const bool vec_l = aligned16(x) && aligned16(dy) && aligned16(dx) && j.L % V == 0;
-  const C inv_m = static_cast<C>(1.0 / static_cast<double>(j.L));
   Tensor hpre;
   C* pre = nullptr;
   if (j.Cg * P > kInlineMerge) {

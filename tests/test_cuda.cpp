@@ -1795,7 +1795,11 @@ TEST_P(CudaFusedForward, OnGpuMatchesCpuKernelComposedFormAndReference) {
               {Shape({2, 4, 10, 100}), 2}, {Shape({1, 6, 4099}), 3}, {Shape({67, 4, 7}), 2},
               {Shape({1, 2, 40000}), 1}, {Shape({64, 4, 3000}), 2},  // looped rows
               {Shape({64, 4, 16400}), 2},  // a cluster of 2 to 8 blocks per group
-              {Shape({300, 32, 64}), 8}};  // many aligned groups: the pipelined rows
+              {Shape({300, 32, 64}), 8},  // many aligned groups: the pipelined rows
+              // chunks in one cooperative launch (fwd_chunk_grid_kernel): 2 to 16 a group ...
+              {Shape({2, 8, 64, 64}), 4}, {Shape({1, 8, 128, 128}), 2},
+              // ... and too many blocks for one (512 on a 132-SM device): two launches
+              {Shape({2, 64, 128, 128}), 2}};
   } else {
     for (size_t D : {1, 7, 33, 1000, 4099})
       for (size_t R : {1, 67}) shapes.push_back({Shape({R, D}), 1});
@@ -2010,6 +2014,12 @@ TEST_F(CudaFused, NormBackwardOpsMatchCpuAndAreDeterministic) {
       {OpId::group_norm, OpId::group_norm_bwd, Shape({3, 8, 5, 7}), 4},
       {OpId::group_norm, OpId::group_norm_bwd, Shape({1, 16, 128, 129}), 4},
       {OpId::group_norm, OpId::group_norm_bwd, Shape({9, 64, 3, 3}), 32},
+      // whole pieces of 4096 (f64 2048) elements a channel: one cooperative launch
+      // (gn_bwd_grid_kernel) ...
+      {OpId::group_norm, OpId::group_norm_bwd, Shape({2, 8, 64, 64}), 4},
+      {OpId::group_norm, OpId::group_norm_bwd, Shape({1, 8, 128, 128}), 2},
+      // ... and too many pieces for one (512 on a 132-SM device): the sums and dx kernels
+      {OpId::group_norm, OpId::group_norm_bwd, Shape({2, 64, 128, 128}), 2},
   };
   uint64_t seed = 300;
   for (const NormCase& c : cases)
