@@ -980,7 +980,8 @@ __global__ void __launch_bounds__(kBlock)
 #pragma unroll
   for (int u = 0; u < NV; ++u) {
     const int64_t i = lo + (static_cast<int64_t>(u) * kBlock + threadIdx.x) * V;
-    if (i < hi) chunk_store<T, K>(v[u], y + row * L, i, hi, L, S, (row % G) * Cg, w, b, mu, rs, vec);
+    if (i < hi)
+      chunk_store<T, K>(v[u], y + row * L, i, hi, L, S, (row % G) * Cg, w, b, mu, rs, vec);
   }
 }
 
