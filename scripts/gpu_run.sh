@@ -24,7 +24,12 @@
 #              $OUT/ab_{new,base}_{1,2}.csv (scripts/ab_report.py renders them). Put it last: it
 #              rebuilds libtaper, and restores the tested one and the sources when done.
 #   profile    the SASS of softmax.cu and norm.cu (cuobjdump), and ncu's counters of the fused
-#              kernels of each PROFILE_CASES row (bench_cuda --fused-table --filter)
+#              kernels of each PROFILE_CASES row (bench_cuda --fused-table --filter); keep the
+#              bench's L2 flush (reduce_rows_kernel) out of PROFILE_KERNELS (run 37 of
+#              docs/cuda.md profiled only it)
+#   kernels    every kernel each KERNEL_CASES row launches, in order, with its GPU time (ncu's
+#              gpu__time_duration alone: one pass, no replayed sections), the flush left out:
+#              set beside the row's time from events, the rest is launch gaps and host work
 #   train      issue 17's table: taper's --bench-train (CUDA graph on and off; TRAIN_GRAPHS) /
 #              --bench-forward cells on the GPU, then
 #              PyTorch's (scripts/bench_train_torch.py, which does not import taper) beside them
@@ -164,6 +169,17 @@ for step in "$@"; do
           --section SchedulerStats --section InstructionStats --section ComputeWorkloadAnalysis \
           ./build/gpu/benches/bench_cuda --fused-table /tmp/prof.csv --filter "$c" \
           >"$OUT/ncu_${c//[,x]/_}.txt" 2>&1
+        log "ncu rc=$?"
+      done
+      ;;
+    kernels)
+      IFS=';' read -ra cases <<<"${KERNEL_CASES:-group_norm,bf16,1x16x256x256_g4,fused,fwd_bwd}"
+      for c in "${cases[@]}"; do
+        log "ncu kernel times $c"
+        timeout "${NCU_SECONDS:-120}" ncu --clock-control none --metrics gpu__time_duration.sum \
+          -k 'regex:^(?!reduce_rows_kernel)' -c "${KERNEL_COUNT:-40}" --csv \
+          ./build/gpu/benches/bench_cuda --fused-table /tmp/prof.csv --filter "$c" \
+          >"$OUT/kernels_${c//[,x]/_}.csv" 2>&1
         log "ncu rc=$?"
       done
       ;;
