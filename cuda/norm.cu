@@ -232,7 +232,6 @@ template <class C> __device__ __forceinline__ C rstd_of(C v, C eps) {
   return C(1) / sqrt(v + eps);
 }
 
-/// Chan's merge of (count, mean, M2), cpu/norm.cpp's MeanM2::add.
 /// A partial sum: kL2, through L2 only (__ldcg), for partials written earlier in the same launch
 /// by other blocks (the grid kernels, after their grid-wide barrier); else an ordinary load.
 template <bool kL2, class C> __device__ __forceinline__ C ld_part(const C* p) {
@@ -240,6 +239,7 @@ template <bool kL2, class C> __device__ __forceinline__ C ld_part(const C* p) {
   else return *p;
 }
 
+/// Chan's merge of (count, mean, M2), cpu/norm.cpp's MeanM2::add.
 template <class C> struct MeanM2 {
   double n;
   C mean, m2;
@@ -328,24 +328,33 @@ __device__ __forceinline__ void group_affine(const compute_t<T> (&xv)[kV<T>],
   }
 }
 
-/// Layer/rms store values of x[i, i + V): t = (x - mean) * rstd, then * w[i] and + b[i] (one fma
-/// with both, as cpu/norm.cpp's WriteElementwise).
+/// Layer/rms store values of a vector: t = (x - mean) * rstd, then * w and + b where given (one
+/// fma with both, as cpu/norm.cpp's WriteElementwise).
+template <class T>
+__device__ __forceinline__ void affine_vec(const compute_t<T> (&xv)[kV<T>],
+                                           const compute_t<T> (&wv)[kV<T>],
+                                           const compute_t<T> (&bv)[kV<T>], bool has_w, bool has_b,
+                                           compute_t<T> mu, compute_t<T> rs,
+                                           compute_t<T> (&o)[kV<T>]) {
+#pragma unroll
+  for (int l = 0; l < kV<T>; ++l) {
+    const compute_t<T> t = (xv[l] - mu) * rs;
+    o[l] = has_w ? (has_b ? fma(t, wv[l], bv[l]) : t * wv[l]) : (has_b ? t + bv[l] : t);
+  }
+}
+
+/// affine_vec of x[i, i + V), w and b loaded from element i (those past L: zeros).
 template <class T>
 __device__ __forceinline__ void elem_affine(const compute_t<T> (&xv)[kV<T>],
                                             compute_t<T> (&o)[kV<T>], int64_t i, int64_t L,
                                             const T* __restrict__ w, const T* __restrict__ b,
                                             compute_t<T> mu, compute_t<T> rs, bool vec) {
-  using C = compute_t<T>;
-  C wv[kV<T>], bv[kV<T>];
+  compute_t<T> wv[kV<T>], bv[kV<T>];
   zero_vec<T>(wv);
   zero_vec<T>(bv);
   if (w) load_vec(w, i, L, vec, wv);
   if (b) load_vec(b, i, L, vec, bv);
-#pragma unroll
-  for (int l = 0; l < kV<T>; ++l) {
-    const C t = (xv[l] - mu) * rs;
-    o[l] = w ? (b ? fma(t, wv[l], bv[l]) : t * wv[l]) : (b ? t + bv[l] : t);
-  }
+  affine_vec<T>(xv, wv, bv, w != nullptr, b != nullptr, mu, rs, o);
 }
 
 // ---- forward -------------------------------------------------------------------------------
@@ -375,22 +384,16 @@ __device__ __forceinline__ void fwd_row(const T* __restrict__ x, const T* __rest
   C v[NV][V];
 #pragma unroll
   for (int u = 0; u < NV; ++u) {
-    if constexpr (kAl) {
-      const int i = (u * tpr + lane) * V;
-      if (active && i < Li) {
-        if constexpr (kPipe) widen16<T>(stage[u * static_cast<int>(blockDim.x) + threadIdx.x], v[u]);
-        else load16<false>(x + off + i, v[u]);
-      } else {
-        zero_vec<T>(v[u]);
-      }
+    const int i32 = (u * tpr + lane) * V;                           // kAl
+    const int64_t i = (static_cast<int64_t>(u) * tpr + lane) * V;  // otherwise
+    if (!active || (kAl ? i32 >= Li : i >= L)) {
+      zero_vec<T>(v[u]);
+    } else if constexpr (kPipe) {
+      widen16<T>(stage[u * static_cast<int>(blockDim.x) + threadIdx.x], v[u]);
+    } else if constexpr (kAl) {
+      load16<false>(x + off + i32, v[u]);
     } else {
-      const int64_t i = (static_cast<int64_t>(u) * tpr + lane) * V;
-      if (active && i < L) {
-        if constexpr (kPipe) widen16<T>(stage[u * static_cast<int>(blockDim.x) + threadIdx.x], v[u]);
-        else load_vec(x + off, i, L, vec, v[u]);
-      } else {
-        zero_vec<T>(v[u]);
-      }
+      load_vec(x + off, i, L, vec, v[u]);
     }
   }
   C mu = C(0), var;
@@ -414,13 +417,8 @@ __device__ __forceinline__ void fwd_row(const T* __restrict__ x, const T* __rest
 #pragma unroll
     for (int u = 0; u < NV; ++u) {
       if constexpr (kAl) {
-        if ((u * tpr + lane) * V < Li) {  // a whole vector (an absent one would add mu^2)
-#pragma unroll
-          for (int l = 0; l < V; ++l) {
-            const C d = v[u][l] - mu;
-            m[0] = fma(d, d, m[0]);
-          }
-        }
+        // a whole vector (an absent one would add mu^2)
+        if ((u * tpr + lane) * V < Li) add_m2(v[u], 0, V, mu, m[0]);
       } else {
         add_m2(v[u], (static_cast<int64_t>(u) * tpr + lane) * V, L, mu, m[0]);
       }
@@ -442,11 +440,7 @@ __device__ __forceinline__ void fwd_row(const T* __restrict__ x, const T* __rest
         C wv[V], bv[V], o[V];
         if (w) load16<false>(w + i, wv);
         if (b) load16<false>(b + i, bv);
-#pragma unroll
-        for (int l = 0; l < V; ++l) {  // elem_affine's operations
-          const C t = (v[u][l] - mu) * rs;
-          o[l] = w ? (b ? fma(t, wv[l], bv[l]) : t * wv[l]) : (b ? t + bv[l] : t);
-        }
+        affine_vec<T>(v[u], wv, bv, w != nullptr, b != nullptr, mu, rs, o);
         store16<false, true>(y + off + i, o);
       }
     }
