@@ -170,22 +170,17 @@ int resident_blocks(const void* kernel, int threads, size_t smem, int cluster, i
   int blocks = 0;
   (void)stream(ordinal);  // makes `ordinal` current: function attributes are per device
   size_t& lim = limit[{kernel, ordinal}];
-  cudaError_t e = cudaSuccess;
+  cudaFuncAttributes fa{};
+  cudaError_t e = cudaFuncGetAttributes(&fa, kernel);
   // More shared memory than a block may have on this device: refused here, not by an API call
   // that fails (compute-sanitizer reports those; run 36, f64 softmax backward rows).
-  cudaFuncAttributes fa{};
-  e = cudaFuncGetAttributes(&fa, kernel);
-  if (e == cudaSuccess &&
-      smem + fa.sharedSizeBytes > device_props(ordinal).sharedMemPerBlockOptin) {
-    found.emplace(key, 0);
-    return 0;
-  }
-  if (e == cudaSuccess && smem > lim) {
+  const bool fits = smem + fa.sharedSizeBytes <= device_props(ordinal).sharedMemPerBlockOptin;
+  if (e == cudaSuccess && fits && smem > lim) {
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(smem));
     if (e == cudaSuccess) lim = smem;
   }
-  if (e == cudaSuccess) {
+  if (e == cudaSuccess && fits) {
     if (cluster <= 1) {
       int per_sm = 0;
       e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);

@@ -84,24 +84,30 @@ inline constexpr int kThreads = 256;
 /// times over, never more than the items need.
 unsigned grid_for(size_t n, int ordinal, int threads = kThreads);
 
-/// The launch configuration of `blocks` blocks of `threads` threads in clusters of `cs` blocks
-/// (1-D), with `smem` bytes of dynamic shared memory, on `st`; `attr` receives the cluster
-/// attribute the configuration points to, so it must outlive the configuration's use.
-inline cudaLaunchConfig_t cluster_config(cudaLaunchAttribute& attr, unsigned blocks, int threads,
-                                         int cs, size_t smem, cudaStream_t st) {
+/// The launch configuration of `blocks` blocks of `threads` threads (1-D), with `smem` bytes of
+/// dynamic shared memory, on `st`, and the one launch attribute `attr` (which must outlive the
+/// configuration's use).
+inline cudaLaunchConfig_t attr_config(cudaLaunchAttribute& attr, unsigned blocks, int threads,
+                                      size_t smem, cudaStream_t st) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(blocks);
   cfg.blockDim = dim3(static_cast<unsigned>(threads));
   cfg.dynamicSmemBytes = smem;
   cfg.stream = st;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
+/// attr_config with clusters of `cs` blocks; `attr` receives the cluster attribute.
+inline cudaLaunchConfig_t cluster_config(cudaLaunchAttribute& attr, unsigned blocks, int threads,
+                                         int cs, size_t smem, cudaStream_t st) {
   attr = {};
   attr.id = cudaLaunchAttributeClusterDimension;
   attr.val.clusterDim.x = static_cast<unsigned>(cs);
   attr.val.clusterDim.y = 1;
   attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  return cfg;
+  return attr_config(attr, blocks, threads, smem, st);
 }
 
 #ifdef __CUDACC__  // a launch: nvcc translation units only (bench_cuda.cpp includes this header)
@@ -143,13 +149,8 @@ void launch_cooperative(const char* name, const std::vector<Tensor>& in, void (*
   cudaLaunchAttribute attr = {};
   attr.id = cudaLaunchAttributeCooperative;
   attr.val.cooperative = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(blocks);
-  cfg.blockDim = dim3(static_cast<unsigned>(threads));
-  cfg.stream = st;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  launch_ex(name, in, cfg, kernel, std::forward<A>(args)...);
+  launch_ex(name, in, attr_config(attr, blocks, threads, 0, st), kernel,
+            std::forward<A>(args)...);
 }
 #endif
 

@@ -467,8 +467,8 @@ __device__ __forceinline__ void onchip_row(const RowArgs<T>& a, int64_t row, boo
   } else {
     C m0 = C(0), l0 = C(0);
     if (active) {
-      const C* sv = kPipe ? reinterpret_cast<const C*>(&stage[kArrays<K> * NV * blockDim.x +
-                                                             threadIdx.x])
+      // the saved (m, l): the slot past the arrays' (prefetch_row's layout), or global memory
+      const C* sv = kPipe ? reinterpret_cast<const C*>(&slot<T, K>(stage, kArrays<K>, 0))
                           : a.st + 2 * row;
       m0 = sv[0];
       l0 = sv[1];
