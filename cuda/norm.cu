@@ -55,7 +55,7 @@
 //   bwd_chunk_dx_kernel     x, dy, sums -> dx                                3 n s
 //   gn_bwd_sums_kernel      x, dy -> sums of u, q, dy per (n, c, piece)      2 n s
 //   gn_bwd_dx_kernel        x, dy, sums -> dx                                3 n s
-//   gn_bwd_grid_kernel      the two above in one cooperative launch          3 n s
+//   gn_bwd_grid_kernel      the two above (and dw, db) in one cooperative launch  3 n s
 //   col_reduce_kernel       partials -> dw, db           P D (or N C pieces) values, f32/f64
 // The rows backward's partials cost P / R of a tensor per output (dw, db) in f32, written and
 // read once.
@@ -1539,45 +1539,63 @@ __global__ void __launch_bounds__(kBlock)
 
 // ---- dw, db: the partials' fold ------------------------------------------------------------
 
-/// part: (Nn, Cc, P) -> out[c] = the sum over (n, p) of part[(n * Cc + c) * P + p], in a fixed
-/// order (lane ty folds k = n * P + p = ty, ty + kColY, ... in four running sums, then a
-/// shared-memory tree over the lanes), rounded once. blockIdx.y picks dw (pw) or db (pb).
+/// part: (Nn, Cc, P) -> out[c] for the kColX columns from col0: the sum over (n, p) of
+/// part[(n * Cc + c) * P + p], in a fixed order (lane ty folds k = n * P + p = ty, ty + kColY,
+/// ... in four running sums, then a shared-memory tree over the kColY lanes), rounded once. Run
+/// by kColX * kColY / kPer threads, each taking kPer lanes: the same sums and tree, so the same
+/// bits, for every kPer. Every thread of the block must call it. kL2: partials written in this
+/// launch (ld_part).
+template <int kPer, bool kL2, class C, class O>
+__device__ __forceinline__ void col_fold(const C* part, O* __restrict__ out, int64_t Nn,
+                                         int64_t Cc, int64_t P, int64_t col0,
+                                         C (&red)[kColY][kColX]) {
+  constexpr int kLanes = kColY / kPer;  // threads per column
+  const int tx = static_cast<int>(threadIdx.x) % kColX, t0 = static_cast<int>(threadIdx.x) / kColX;
+  const int64_t col = col0 + tx;
+  const int64_t K = Nn * P;
+  auto at = [&](int64_t k) {
+    if (P == 1) return ld_part<kL2>(part + k * Cc + col);
+    const int64_t n = k / P;
+    return ld_part<kL2>(part + (n * Cc + col) * P + (k - n * P));
+  };
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int ty = t0 + j * kLanes;
+    C s0 = C(0), s1 = C(0), s2 = C(0), s3 = C(0);
+    if (col < Cc) {
+      int64_t k = ty;
+      for (; k + 3 * kColY < K; k += 4 * kColY) {
+        s0 += at(k);
+        s1 += at(k + kColY);
+        s2 += at(k + 2 * kColY);
+        s3 += at(k + 3 * kColY);
+      }
+      for (; k < K; k += kColY) s0 += at(k);
+    }
+    red[ty][tx] = (s0 + s1) + (s2 + s3);
+  }
+  __syncthreads();
+  for (int h = kColY / 2; h > 0; h >>= 1) {
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int ty = t0 + j * kLanes;
+      if (ty < h) red[ty][tx] += red[ty + h][tx];
+    }
+    __syncthreads();
+  }
+  if (t0 == 0 && col < Cc) out[col] = round_to<O>(red[0][tx]);
+}
+
+/// dw and db from their partials: block (x, y) folds columns x * kColX on of dw (y = 0, when pw)
+/// or db (col_fold, one lane a thread).
 template <class C, class OW, class OB>
 __global__ void __launch_bounds__(kColX * kColY)
     col_reduce_kernel(const C* __restrict__ pw, OW* __restrict__ ow, const C* __restrict__ pb,
                       OB* __restrict__ ob, int64_t Nn, int64_t Cc, int64_t P) {
   __shared__ C red[kColY][kColX];
-  const bool is_w = pw != nullptr && blockIdx.y == 0;
-  const C* part = is_w ? pw : pb;
-  const int tx = static_cast<int>(threadIdx.x) % kColX, ty = static_cast<int>(threadIdx.x) / kColX;
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * kColX + tx;
-  const int64_t K = Nn * P;
-  C s0 = C(0), s1 = C(0), s2 = C(0), s3 = C(0);
-  if (col < Cc) {
-    auto at = [&](int64_t k) {
-      if (P == 1) return part[k * Cc + col];
-      const int64_t n = k / P;
-      return part[(n * Cc + col) * P + (k - n * P)];
-    };
-    int64_t k = ty;
-    for (; k + 3 * kColY < K; k += 4 * kColY) {
-      s0 += at(k);
-      s1 += at(k + kColY);
-      s2 += at(k + 2 * kColY);
-      s3 += at(k + 3 * kColY);
-    }
-    for (; k < K; k += kColY) s0 += at(k);
-  }
-  red[ty][tx] = (s0 + s1) + (s2 + s3);
-  __syncthreads();
-  for (int h = kColY / 2; h > 0; h >>= 1) {
-    if (ty < h) red[ty][tx] += red[ty + h][tx];
-    __syncthreads();
-  }
-  if (ty == 0 && col < Cc) {
-    if (is_w) ow[col] = round_to<OW>(red[0][tx]);
-    else ob[col] = round_to<OB>(red[0][tx]);
-  }
+  const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kColX;
+  if (pw != nullptr && blockIdx.y == 0) col_fold<1, false>(pw, ow, Nn, Cc, P, col0, red);
+  else col_fold<1, false>(pb, ob, Nn, Cc, P, col0, red);
 }
 
 // ---- host side -------------------------------------------------------------------------------
@@ -1595,17 +1613,18 @@ Shape rows_shape(const Tensor& x) {
 /// pieces of kBlock * kFwdVecs * V elements (S a multiple of that), a row has at most
 /// kInlineMerge pieces and the device holds every block: block item = (n * C + ch) * P + p
 /// takes gn_bwd_sums_kernel's piece (kBlock threads), waits on the whole grid, then takes
-/// gn_bwd_dx_kernel's row sums and the dx of the same elements, still in registers. The same
-/// operations as those two kernels (the same bits); x and dy read once (3 n s bytes, where the
-/// two move 5 n s), one launch instead of two: the small (1, 16, 256, 256)/4 is 256 blocks.
+/// gn_bwd_dx_kernel's row sums and the dx of the same elements, still in registers, and the
+/// first blocks fold dw and db (dw, db null: col_reduce_kernel does, after). The same
+/// operations as those kernels (the same bits); x and dy read once (3 n s bytes, where the two
+/// move 5 n s), one launch instead of three: the small (1, 16, 256, 256)/4 is 256 blocks.
 template <class T>
-__global__ void __launch_bounds__(kBlock)
+__global__ void __launch_bounds__(kBlock, 2)
     gn_bwd_grid_kernel(const T* __restrict__ x, const T* __restrict__ w,
                        const compute_t<T>* __restrict__ mean,
                        const compute_t<T>* __restrict__ rstd, const T* __restrict__ dy,
                        compute_t<T>* pu, compute_t<T>* pq, compute_t<T>* pdy, T* __restrict__ dx,
-                       int64_t Cn, int64_t S, int64_t G, int64_t Cg, int64_t P,
-                       compute_t<T> inv_m, bool vec) {
+                       T* __restrict__ dw, T* __restrict__ db, int64_t N, int64_t Cn, int64_t S,
+                       int64_t G, int64_t Cg, int64_t P, compute_t<T> inv_m, bool vec) {
   using C = compute_t<T>;
   constexpr int V = kV<T>, NU = kFwdVecs<T>;
   constexpr int64_t ps = static_cast<int64_t>(kBlock) * NU * V;
@@ -1659,6 +1678,17 @@ __global__ void __launch_bounds__(kBlock)
     C o[V];
     gn_dx_vec<T>(xv[k], gv[k], mu, rho, kk, cc, wc, w != nullptr, o);
     store_vec(dx + nc * S, i, hi, vec, o);
+  }
+  // dw (from pq) and db (from pdy), each column block as col_reduce_kernel's (the same bits),
+  // by the first blocks: no launch of their own. Every sum they read was written before the
+  // barrier above.
+  __shared__ C cred[kColY][kColX];
+  const int64_t ncol = (Cn + kColX - 1) / kColX;
+  const int64_t nw = dw ? ncol : 0, nfold = nw + (db ? ncol : 0);
+  for (int64_t f = blockIdx.x; f < nfold; f += gridDim.x) {  // uniform in the block
+    if (f < nw) col_fold<kColX * kColY / kBlock, true>(pq, dw, N, Cn, P, f * kColX, cred);
+    else col_fold<kColX * kColY / kBlock, true>(pdy, db, N, Cn, P, (f - nw) * kColX, cred);
+    __syncthreads();  // cred is read to the end before a further column block reuses it
   }
 }
 
@@ -1970,10 +2000,15 @@ template <class T> void run_bwd_group(const Job& j) {
   if (j.S % ps_max == 0 && j.Cg * P <= kInlineMerge) {  // one cooperative launch, if it fits
     auto* kernel = &gn_bwd_grid_kernel<T>;
     if (items <= cooperative_blocks(reinterpret_cast<const void*>(kernel), like)) {
+      // dw and db folded in the same launch, where db has x's dtype (always, through the
+      // front end); else by col_reduce_kernel after it.
+      const bool fold = !need_b || j.db.dtype() == like.dtype();
+      T* dw = fold && j.dw.defined() ? ptr<T>(j.dw) : nullptr;
+      T* db = fold && need_b ? ptr<T>(j.db) : nullptr;
       launch_cooperative(j.name, *j.in, kernel, grid1(j.name, items), kBlock, j.st, x, w, mean,
-                         rstd, dy, pu, pq, pdy, dx, j.Cn, j.S, j.G, j.Cg, P, inv_m,
+                         rstd, dy, pu, pq, pdy, dx, dw, db, j.N, j.Cn, j.S, j.G, j.Cg, P, inv_m,
                          aligned16(x) && aligned16(dy) && aligned16(dx));
-      fold_partials<C, T>(j, j.dw.defined() ? pq : nullptr, pdy, j.N, j.Cn, P);
+      if (!fold) fold_partials<C, T>(j, j.dw.defined() ? pq : nullptr, pdy, j.N, j.Cn, P);
       return;
     }
   }

@@ -2018,6 +2018,8 @@ TEST_F(CudaFused, NormBackwardOpsMatchCpuAndAreDeterministic) {
       // (gn_bwd_grid_kernel) ...
       {OpId::group_norm, OpId::group_norm_bwd, Shape({2, 8, 64, 64}), 4},
       {OpId::group_norm, OpId::group_norm_bwd, Shape({1, 8, 128, 128}), 2},
+      // one channel, one block (f64: two): the block folds dw, then db
+      {OpId::group_norm, OpId::group_norm_bwd, Shape({1, 1, 64, 64}), 1},
       // ... and too many pieces for one (512 on a 132-SM device): the sums and dx kernels
       {OpId::group_norm, OpId::group_norm_bwd, Shape({2, 64, 128, 128}), 2},
   };
