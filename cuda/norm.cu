@@ -1457,8 +1457,10 @@ __global__ void __launch_bounds__(kBlock)
 
 /// Group norm dx. x, dy, dx: (N * G, L) rows of L = Cg * S, in chunks of cs = tpr * kFwdVecs * V;
 /// item = row * nch + chunk, taken by a group of tpr threads. The row's sums come from pre
-/// (sums_merge_kernel) or, pre null, each warp (or sub-warp group) folds its row's Cg * P
-/// channel sums with w itself (row_sums with lane stride, then a butterfly); then
+/// (sums_merge_kernel) or, pre null, a warp folds its row's Cg * P channel sums with w
+/// (row_sums with lane stride, then a butterfly): each sub-warp group its own, a team of several
+/// warps its first, whose sums the others read from shared memory (each warp folded them before:
+/// 8 times the loads and shuffles in the 256-thread teams); then
 /// dx = fma(u, w[ch], fma(d, -k, -c)) over the chunk.
 template <class T>
 __global__ void __launch_bounds__(kBlock)
@@ -1489,10 +1491,26 @@ __global__ void __launch_bounds__(kBlock)
   } else {
     // The group's Cg * P sums are adjacent, from (n * Cn + ch0) * P = row * Cg * P (Cn = G Cg).
     const int mw = tpr < 32 ? tpr : 32;
-    if (active)
-      row_sums<T>(s, pu, pq, 1, row * Cg * P, Cg * P, static_cast<int>(threadIdx.x) & (mw - 1),
-                  mw, w, ch0, P);
-    lanes_sum(s, mw);
+    if (tpr > 32) {  // uniform: the row team's first warp folds them, the others take its sums
+      __shared__ C team[kBlock / 64][2];
+      const int g = static_cast<int>(threadIdx.x) >> tpr_log2;
+      if (active && lane < 32) {
+        row_sums<T>(s, pu, pq, 1, row * Cg * P, Cg * P, lane, 32, w, ch0, P);
+        lanes_sum(s, 32);
+        if (lane == 0) {
+          team[g][0] = s[0];
+          team[g][1] = s[1];
+        }
+      }
+      __syncthreads();
+      s[0] = team[g][0];
+      s[1] = team[g][1];
+    } else {
+      if (active)
+        row_sums<T>(s, pu, pq, 1, row * Cg * P, Cg * P, static_cast<int>(threadIdx.x) & (mw - 1),
+                    mw, w, ch0, P);
+      lanes_sum(s, mw);
+    }
     if (!active) return;  // no barrier or shuffle follows
   }
   const C mu = mean[row], rho = rstd[row];

@@ -2014,6 +2014,8 @@ TEST_F(CudaFused, NormBackwardOpsMatchCpuAndAreDeterministic) {
       {OpId::group_norm, OpId::group_norm_bwd, Shape({3, 8, 5, 7}), 4},
       {OpId::group_norm, OpId::group_norm_bwd, Shape({1, 16, 128, 129}), 4},
       {OpId::group_norm, OpId::group_norm_bwd, Shape({9, 64, 3, 3}), 32},
+      // rows of 1000: dx teams of 64 threads (f64 128), four (two) a block
+      {OpId::group_norm, OpId::group_norm_bwd, Shape({2, 8, 500}), 4},
       // whole pieces of 4096 (f64 2048) elements a channel: one cooperative launch
       // (gn_bwd_grid_kernel) ...
       {OpId::group_norm, OpId::group_norm_bwd, Shape({2, 8, 64, 64}), 4},
