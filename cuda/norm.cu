@@ -56,6 +56,7 @@
 //   gn_bwd_sums_kernel      x, dy -> sums of u, q, dy per (n, c, piece)      2 n s
 //   gn_bwd_dx_kernel        x, dy, sums -> dx                                3 n s
 //   gn_bwd_grid_kernel      the two above (and dw, db) in one cooperative launch  3 n s
+//   gn_bwd_pipe_kernel      either of the two above, persistent and pipelined  2 / 3 n s
 //   col_reduce_kernel       partials -> dw, db           P D (or N C pieces) values, f32/f64
 // The rows backward's partials cost P / R of a tensor per output (dw, db) in f32, written and
 // read once.
@@ -1710,6 +1711,108 @@ __global__ void __launch_bounds__(kBlock, 2)
   }
 }
 
+/// The group norm backward's two kernels where every channel run is whole pieces of kBlock *
+/// kFwdVecs * V elements (S a multiple of that) and x, dy, dx are 16-byte aligned, but too many
+/// for one cooperative launch: a persistent grid over the pieces, item = (n * C + ch) * P + p,
+/// each thread's vectors of the piece's x and dy and the group's mean and rstd copied
+/// kBwdStages - 1 items ahead into its own shared-memory slots (pipelined_rows). kDx false:
+/// gn_bwd_sums_kernel's sums of the piece; true: gn_bwd_dx_kernel's dx of it (a row's chunks
+/// are its channels' pieces in order, the same items), its row sums from pre, or folded by
+/// warp 0 and shared. The same operations, so the same bits, as those kernels, whose one-shot
+/// blocks kept little in flight: (16, 32, 256, 256)/8 bf16 at 53 % (sums) and 60 % (dx) of
+/// DRAM peak in run 38's ncu.
+template <class T, bool kDx>
+__global__ void __launch_bounds__(kBlock, 2)
+    gn_bwd_pipe_kernel(const T* __restrict__ x, const T* __restrict__ w,
+                       const compute_t<T>* __restrict__ mean,
+                       const compute_t<T>* __restrict__ rstd, const T* __restrict__ dy,
+                       compute_t<T>* __restrict__ pu, compute_t<T>* __restrict__ pq,
+                       compute_t<T>* __restrict__ pdy, const compute_t<T>* __restrict__ pre,
+                       T* __restrict__ dx, int64_t items, int64_t Cn, int64_t S, int64_t G,
+                       int64_t Cg, int64_t P, compute_t<T> inv_m) {
+  using C = compute_t<T>;
+  constexpr int V = kV<T>, NU = kFwdVecs<T>, B = kBlock;
+  constexpr int64_t ps = static_cast<int64_t>(kBlock) * NU * V;
+  extern __shared__ uint4 gn_slots[];
+  __shared__ C red[kBlock / 32 * 3];
+  __shared__ C team[2][2];  // the row sums, per item parity
+  const int t = static_cast<int>(threadIdx.x);
+  const int64_t first = blockIdx.x, stride = gridDim.x;
+  pipelined_rows<kBwdStages>(
+      first, stride, items, gn_slots, bwd_pipe_slots<NU> * B,
+      [&](uint4* stage, int64_t item) {
+        if (item >= items) return;
+        const int64_t nc = item / P, p = item - nc * P;
+        const int64_t n = nc / Cn, ch = nc - n * Cn;
+        const int64_t base = nc * S + p * ps;
+#pragma unroll
+        for (int k = 0; k < NU; ++k) {
+          const int64_t i = base + (static_cast<int64_t>(k) * B + t) * V;
+          cp_async<16>(&stage[k * B + t], x + i);
+          cp_async<16>(&stage[(NU + k) * B + t], dy + i);
+        }
+        C* st = reinterpret_cast<C*>(&stage[2 * NU * B + t]);
+        const int64_t grp = n * G + ch / Cg;
+        cp_async<sizeof(C)>(st, mean + grp);
+        cp_async<sizeof(C)>(st + 1, rstd + grp);
+      },
+      [&](const uint4* stage, int64_t item) {
+        const int64_t nc = item / P, p = item - nc * P;
+        const int64_t n = nc / Cn, ch = nc - n * Cn;
+        const int64_t row = n * G + ch / Cg;
+        C xv[NU][V], gv[NU][V];
+#pragma unroll
+        for (int k = 0; k < NU; ++k) {
+          widen16<T>(stage[k * B + t], xv[k]);
+          widen16<T>(stage[(NU + k) * B + t], gv[k]);
+        }
+        const C* st = reinterpret_cast<const C*>(&stage[2 * NU * B + t]);
+        const C mu = st[0], rho = st[1];
+        if constexpr (!kDx) {
+          C s[3] = {C(0), C(0), C(0)};
+#pragma unroll
+          for (int k = 0; k < NU; ++k) gn_sums_vec<true, T>(xv[k], gv[k], V, mu, rho, s);
+          group_sum(s, kBlock, red);
+          if (t == 0) {
+            pu[item] = s[0];
+            pq[item] = s[1];
+            if (pdy) pdy[item] = s[2];
+          }
+        } else {
+          C r[2] = {C(0), C(0)};
+          if (pre) {  // uniform
+            r[0] = pre[row * 2];
+            r[1] = pre[row * 2 + 1];
+          } else {
+            // As gn_bwd_dx_kernel's teams: warp 0 folds, the block reads its sums. A parity's
+            // slots are written again two items on, after the next item's barrier.
+            const int par = static_cast<int>(((item - first) / stride) & 1);
+            if (t < 32) {
+              row_sums<T>(r, pu, pq, 1, row * Cg * P, Cg * P, t, 32, w, (row % G) * Cg, P);
+              lanes_sum(r, 32);
+              if (t == 0) {
+                team[par][0] = r[0];
+                team[par][1] = r[1];
+              }
+            }
+            __syncthreads();
+            r[0] = team[par][0];
+            r[1] = team[par][1];
+          }
+          const C kk = rho * rho * r[1] * inv_m;
+          const C cc = r[0] * inv_m;
+          const C wc = w ? load_c(w[ch]) : C(1);
+          const int64_t base = nc * S + p * ps;
+#pragma unroll
+          for (int k = 0; k < NU; ++k) {
+            C o[V];
+            gn_dx_vec<T>(xv[k], gv[k], mu, rho, kk, cc, wc, w != nullptr, o);
+            store16<true, true>(dx + base + (static_cast<int64_t>(k) * B + t) * V, o);
+          }
+        }
+      });
+}
+
 /// A scratch tensor of n compute-type values on `like`'s device (returned to the allocator's
 /// cache when `holder` goes; later work on the same stream is ordered after this use).
 template <class C> C* scratch(Tensor& holder, int64_t n, const Tensor& like) {
@@ -2030,8 +2133,29 @@ template <class T> void run_bwd_group(const Job& j) {
       return;
     }
   }
-  gn_bwd_sums_kernel<T><<<grid1(j.name, ceil_div(items, kBlock >> tpu_log2)), kBlock, 0, j.st>>>(
-      x, dy, mean, rstd, pu, pq, pdy, items, j.Cn, j.S, j.G, j.Cg, P, ps, tpu_log2, vec_s);
+  // Whole aligned pieces, too many for one launch: the pipelined kernels, in grids of the
+  // blocks the device holds.
+  const bool whole = j.S % ps_max == 0 && aligned16(x) && aligned16(dy) && aligned16(dx);
+  const size_t pipe_smem = static_cast<size_t>(kBwdStages) * bwd_pipe_slots<NU> * kBlock * 16;
+  const int ordinal = like.device().ordinal();
+  const int pipe_sums =
+      whole ? resident_blocks(reinterpret_cast<const void*>(&gn_bwd_pipe_kernel<T, false>),
+                              kBlock, pipe_smem, 1, ordinal)
+            : 0;
+  const int pipe_dx =
+      whole ? resident_blocks(reinterpret_cast<const void*>(&gn_bwd_pipe_kernel<T, true>), kBlock,
+                              pipe_smem, 1, ordinal)
+            : 0;
+  if (pipe_sums > 0) {
+    gn_bwd_pipe_kernel<T, false>
+        <<<grid1(j.name, std::min<int64_t>(items, pipe_sums)), kBlock, pipe_smem, j.st>>>(
+            x, w, mean, rstd, dy, pu, pq, pdy, nullptr, dx, items, j.Cn, j.S, j.G, j.Cg, P,
+            inv_m);
+  } else {
+    gn_bwd_sums_kernel<T>
+        <<<grid1(j.name, ceil_div(items, kBlock >> tpu_log2)), kBlock, 0, j.st>>>(
+            x, dy, mean, rstd, pu, pq, pdy, items, j.Cn, j.S, j.G, j.Cg, P, ps, tpu_log2, vec_s);
+  }
   TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
   // dx: rows of L in chunks of tpr threads' registers.
   const int tl = std::min(8, log2_for(ceil_div(j.L, V), NU));
@@ -2047,9 +2171,15 @@ template <class T> void run_bwd_group(const Job& j) {
                                                                   j.Cg, P, pre);
     TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
   }
-  gn_bwd_dx_kernel<T><<<grid1(j.name, ceil_div(dx_items, kBlock >> tl)), kBlock, 0, j.st>>>(
-      x, w, mean, rstd, dy, pu, pq, pre, dx, dx_items, j.L, nch, j.S, j.G, j.Cg, P, tl, inv_m,
-      vec_l);
+  if (pipe_dx > 0) {  // its items are the sums' (whole pieces: a row's chunks in order)
+    gn_bwd_pipe_kernel<T, true>
+        <<<grid1(j.name, std::min<int64_t>(items, pipe_dx)), kBlock, pipe_smem, j.st>>>(
+            x, w, mean, rstd, dy, pu, pq, pdy, pre, dx, items, j.Cn, j.S, j.G, j.Cg, P, inv_m);
+  } else {
+    gn_bwd_dx_kernel<T><<<grid1(j.name, ceil_div(dx_items, kBlock >> tl)), kBlock, 0, j.st>>>(
+        x, w, mean, rstd, dy, pu, pq, pre, dx, dx_items, j.L, nch, j.S, j.G, j.Cg, P, tl, inv_m,
+        vec_l);
+  }
   TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
   fold_partials<C, T>(j, j.dw.defined() ? pq : nullptr, pdy, j.N, j.Cn, P);
 }

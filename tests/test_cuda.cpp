@@ -2022,8 +2022,11 @@ TEST_F(CudaFused, NormBackwardOpsMatchCpuAndAreDeterministic) {
       {OpId::group_norm, OpId::group_norm_bwd, Shape({1, 8, 128, 128}), 2},
       // one channel, one block (f64: two): the block folds dw, then db
       {OpId::group_norm, OpId::group_norm_bwd, Shape({1, 1, 64, 64}), 1},
-      // ... and too many pieces for one (512 on a 132-SM device): the sums and dx kernels
+      // ... and too many pieces for one (512 on a 132-SM device): the pipelined sums and dx
+      // kernels (gn_bwd_pipe_kernel), 2 to 4 pieces a block; with 512 channel sums a group, the
+      // row sums from sums_merge_kernel
       {OpId::group_norm, OpId::group_norm_bwd, Shape({2, 64, 128, 128}), 2},
+      {OpId::group_norm, OpId::group_norm_bwd, Shape({1, 512, 64, 64}), 1},
   };
   uint64_t seed = 300;
   for (const NormCase& c : cases)
