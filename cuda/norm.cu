@@ -1878,11 +1878,14 @@ template <class T, Kind K> int cluster_limit(int ordinal) {
   return 0;
 }
 
-/// Vectors per thread of fwd_rows_kernel. The half types' rms rows take 32 values per thread
-/// (H200, bf16 16384x1024: 28.1 -> 24.9 us); their layer and group rows keep 16, which hold
-/// their registers to 57 (32 values took 86, two blocks per SM, and 36.1 -> 47.8 us).
+/// Vectors per thread of fwd_rows_kernel at most. The half types' rms rows take 32 values per
+/// thread (H200, bf16 16384x1024: 28.1 -> 24.9 us); their group rows keep 16, which hold their
+/// registers to 57, and so do their unaligned layer rows (32 values took 86, two blocks per SM,
+/// and 36.1 -> 47.8 us). Their aligned layer rows (the kAl path) take 32 in 64 registers
+/// (gpu-wip6; the rms rows went from 79 to 95 % of the copy with kAl at 32, the layer rows from
+/// 60 to 77 % at 16).
 template <class T, Kind K> constexpr int row_vecs() {
-  return K == Kind::kRms ? kRowVecs<T> : kFwdVecs<T>;
+  return K != Kind::kGroup ? kRowVecs<T> : kFwdVecs<T>;
 }
 
 template <class T, Kind K> void run_fwd(const Job& j) {
@@ -1898,7 +1901,7 @@ template <class T, Kind K> void run_fwd(const Job& j) {
   const bool vec = aligned16(x) && aligned16(y) && j.L % V == 0 &&
                    (K == Kind::kGroup || ((!w || aligned16(w)) && (!b || aligned16(b))));
   const int64_t nv = ceil_div(j.L, V);
-  const int tl = log2_for(nv, NVmax);
+  const int tl = log2_for(nv, K == Kind::kLayer && !vec ? kFwdVecs<T> : NVmax);
   const int64_t row_bytes = j.L * static_cast<int64_t>(sizeof(T));
   if (vec && (int64_t{1} << tl) > kBlock && j.R >= kMinRowBlocks && row_bytes <= kLoopMaxBytes) {
     fwd_loop_kernel<T, K><<<grid1(j.name, j.R), kBlock, 0, j.st>>>(x, w, b, y, mean, rstd, j.L,
