@@ -1221,6 +1221,30 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 2)
   if (want_b) fold_cols<C, NV, V>(cols, 1, pdb + prow, 0, D, tpr_log2);
 }
 
+/// The pipelined chunk kernels' prefetch (aligned rows): thread t's vectors of x and dy in
+/// [lo, hi) of row `row` into its slots u * kBlock + t and (kBwdVecs + u) * kBlock + t of
+/// `stage`, and the row's mean (layer) and rstd into slot 2 kBwdVecs kBlock + t (cp.async).
+template <class T, Kind K>
+__device__ __forceinline__ void bwd_chunk_prefetch(uint4* stage, const T* __restrict__ x,
+                                                   const T* __restrict__ dy,
+                                                   const compute_t<T>* __restrict__ mean,
+                                                   const compute_t<T>* __restrict__ rstd,
+                                                   int64_t row, int64_t lo, int64_t hi, int64_t D) {
+  constexpr int NV = kBwdVecs<T>, B = kBlock;
+  const int t = static_cast<int>(threadIdx.x);
+#pragma unroll
+  for (int u = 0; u < NV; ++u) {
+    const int64_t i = lo + (static_cast<int64_t>(u) * B + t) * kV<T>;
+    if (i < hi) {
+      cp_async<16>(&stage[u * B + t], x + row * D + i);
+      cp_async<16>(&stage[(NV + u) * B + t], dy + row * D + i);
+    }
+  }
+  compute_t<T>* st = reinterpret_cast<compute_t<T>*>(&stage[2 * NV * B + t]);
+  if constexpr (K == Kind::kLayer) cp_async<sizeof(compute_t<T>)>(st, mean + row);
+  cp_async<sizeof(compute_t<T>)>(st + 1, rstd + row);
+}
+
 /// Chunked sums. x, dy: (R, D) in chunks of cb = kBlock * kBwdVecs * V; block (c, k) takes chunk
 /// c of rows k, k + gridDim.y, ...: ps[(row * nch + c) * 2 + {0, 1}] = the chunk's sums of u w
 /// and q w; pdw, pdb (or null): (gridDim.y, D) column partials, summed in registers and folded
@@ -1297,18 +1321,7 @@ __global__ void __launch_bounds__(kBlock)
     pipelined_rows<kBwdStages>(
         blockIdx.y, gridDim.y, R, slots, bwd_pipe_slots<NV> * B,
         [&](uint4* stage, int64_t r) {
-          if (r >= R) return;
-#pragma unroll
-          for (int u = 0; u < NV; ++u) {
-            const int64_t i = lo + (static_cast<int64_t>(u) * kBlock + t) * V;
-            if (i < hi) {
-              cp_async<16>(&stage[u * B + t], x + r * D + i);
-              cp_async<16>(&stage[(NV + u) * B + t], dy + r * D + i);
-            }
-          }
-          C* st = reinterpret_cast<C*>(&stage[2 * NV * B + t]);
-          if constexpr (K == Kind::kLayer) cp_async<sizeof(C)>(st, mean + r);
-          cp_async<sizeof(C)>(st + 1, rstd + r);
+          if (r < R) bwd_chunk_prefetch<T, K>(stage, x, dy, mean, rstd, r, lo, hi, D);
         },
         [&](const uint4* stage, int64_t r) { one_row(r, stage); });
   }
@@ -1409,19 +1422,8 @@ __global__ void __launch_bounds__(kBlock)
         blockIdx.x, gridDim.x, items, dx_slots, bwd_pipe_slots<NV> * B,
         [&](uint4* stage, int64_t it) {
           if (it >= items) return;
-          const int64_t row = it / nch, c = it - row * nch;
-          const int64_t lo = c * cb, hi = dmin(D, lo + cb);
-#pragma unroll
-          for (int u = 0; u < NV; ++u) {
-            const int64_t i = lo + (static_cast<int64_t>(u) * kBlock + t) * V;
-            if (i < hi) {
-              cp_async<16>(&stage[u * B + t], x + row * D + i);
-              cp_async<16>(&stage[(NV + u) * B + t], dy + row * D + i);
-            }
-          }
-          C* st = reinterpret_cast<C*>(&stage[2 * NV * B + t]);
-          if constexpr (K == Kind::kLayer) cp_async<sizeof(C)>(st, mean + row);
-          cp_async<sizeof(C)>(st + 1, rstd + row);
+          const int64_t row = it / nch, lo = (it - row * nch) * cb;
+          bwd_chunk_prefetch<T, K>(stage, x, dy, mean, rstd, row, lo, dmin(D, lo + cb), D);
         },
         [&](const uint4* stage, int64_t it) { one(it, stage); });
   }
@@ -1524,6 +1526,29 @@ __global__ void __launch_bounds__(kBlock)
   }
 }
 
+/// A group norm row's sums (row_sums over its Cg * P channel sums with w, lane stride, then a
+/// butterfly) folded by one warp, the threads with `folds` (lanes `lane` 0 to 31), and shared
+/// through `slot` with the rest of the team after a barrier, which every thread of the block
+/// must reach. kL2: sums written in this launch (ld_part).
+template <class T, bool kL2>
+__device__ __forceinline__ void gn_team_sums(compute_t<T> (&r)[2], bool folds, int lane,
+                                             const compute_t<T>* pu, const compute_t<T>* pq,
+                                             int64_t row, int64_t Cg, int64_t P,
+                                             const T* __restrict__ w, int64_t ch0,
+                                             compute_t<T>* slot) {
+  if (folds) {
+    row_sums<T, kL2>(r, pu, pq, 1, row * Cg * P, Cg * P, lane, 32, w, ch0, P);
+    lanes_sum(r, 32);
+    if (lane == 0) {
+      slot[0] = r[0];
+      slot[1] = r[1];
+    }
+  }
+  __syncthreads();
+  r[0] = slot[0];
+  r[1] = slot[1];
+}
+
 /// Group norm dx. x, dy, dx: (N * G, L) rows of L = Cg * S, in chunks of cs = tpr * kFwdVecs * V;
 /// item = row * nch + chunk, taken by a group of tpr threads. The row's sums come from pre
 /// (sums_merge_kernel) or, pre null, a warp folds its row's Cg * P channel sums with w
@@ -1562,18 +1587,8 @@ __global__ void __launch_bounds__(kBlock)
     const int mw = tpr < 32 ? tpr : 32;
     if (tpr > 32) {  // uniform: the row team's first warp folds them, the others take its sums
       __shared__ C team[kBlock / 64][2];
-      const int g = static_cast<int>(threadIdx.x) >> tpr_log2;
-      if (active && lane < 32) {
-        row_sums<T>(s, pu, pq, 1, row * Cg * P, Cg * P, lane, 32, w, ch0, P);
-        lanes_sum(s, 32);
-        if (lane == 0) {
-          team[g][0] = s[0];
-          team[g][1] = s[1];
-        }
-      }
-      __syncthreads();
-      s[0] = team[g][0];
-      s[1] = team[g][1];
+      gn_team_sums<T, false>(s, active && lane < 32, lane, pu, pq, row, Cg, P, w, ch0,
+                             team[static_cast<int>(threadIdx.x) >> tpr_log2]);
     } else {
       if (active)
         row_sums<T>(s, pu, pq, 1, row * Cg * P, Cg * P, static_cast<int>(threadIdx.x) & (mw - 1),
@@ -1743,19 +1758,9 @@ __global__ void __launch_bounds__(kBlock, 2)
   cooperative_groups::this_grid().sync();  // every piece's sums written and visible
   const int64_t ch0 = (row % G) * Cg;
   __shared__ C rsum[2];
-  C r[2] = {C(0), C(0)};
-  if (threadIdx.x < 32) {  // warp 0 folds the row's sums (as each warp of gn_bwd_dx_kernel)
-    row_sums<T, true>(r, pu, pq, 1, row * Cg * P, Cg * P, static_cast<int>(threadIdx.x), 32, w,
-                      ch0, P);
-    lanes_sum(r, 32);
-    if (threadIdx.x == 0) {
-      rsum[0] = r[0];
-      rsum[1] = r[1];
-    }
-  }
-  __syncthreads();
-  r[0] = rsum[0];
-  r[1] = rsum[1];
+  C r[2] = {C(0), C(0)};  // warp 0 folds the row's sums, as gn_bwd_dx_kernel's teams
+  gn_team_sums<T, true>(r, threadIdx.x < 32, static_cast<int>(threadIdx.x), pu, pq, row, Cg, P, w,
+                        ch0, rsum);
   const C kk = rho * rho * r[1] * inv_m;
   const C cc = r[0] * inv_m;
   const C wc = w ? load_c(w[ch]) : C(1);
@@ -1855,17 +1860,8 @@ __global__ void __launch_bounds__(kBlock, 2)
             // As gn_bwd_dx_kernel's teams: warp 0 folds, the block reads its sums. A parity's
             // slots are written again two items on, after the next item's barrier.
             const int par = static_cast<int>(((item - first) / stride) & 1);
-            if (t < 32) {
-              row_sums<T>(r, pu, pq, 1, row * Cg * P, Cg * P, t, 32, w, (row % G) * Cg, P);
-              lanes_sum(r, 32);
-              if (t == 0) {
-                team[par][0] = r[0];
-                team[par][1] = r[1];
-              }
-            }
-            __syncthreads();
-            r[0] = team[par][0];
-            r[1] = team[par][1];
+            gn_team_sums<T, false>(r, t < 32, t, pu, pq, row, Cg, P, w, (row % G) * Cg,
+                                   team[par]);
           }
           const C kk = rho * rho * r[1] * inv_m;
           const C cc = r[0] * inv_m;
