@@ -1946,8 +1946,7 @@ template <class T, Kind K> int cluster_limit(int ordinal) {
 /// thread (H200, bf16 16384x1024: 28.1 -> 24.9 us); their group rows keep 16, which hold their
 /// registers to 57, and so do their unaligned layer rows (32 values took 86, two blocks per SM,
 /// and 36.1 -> 47.8 us). Their aligned layer rows (the kAl path) take 32 in 64 registers
-/// (gpu-wip6; the rms rows went from 79 to 95 % of the copy with kAl at 32, the layer rows from
-/// 60 to 77 % at 16).
+/// (H100, bf16 16384x1024: 28.4 -> 24.4 us, 77 -> 90 % of the copy, run 41).
 template <class T, Kind K> constexpr int row_vecs() {
   return K != Kind::kGroup ? kRowVecs<T> : kFwdVecs<T>;
 }
@@ -2145,12 +2144,15 @@ template <class T, Kind K> void run_bwd_rows(const Job& j) {
   const dim3 grid(grid1(j.name, nch), static_cast<unsigned>(sets));
   const size_t smem =
       need_w || need_b ? 2 * static_cast<size_t>(kBlock) * NVmax * V * sizeof(C) : 0;
-  // Aligned rows: the pipelined kernels, where the device takes their shared memory (the sums
-  // on the same grid, whose sets fix the partials' order; the dx in a persistent grid).
+  // Aligned half-type rows: the pipelined kernels, where the device takes their shared memory
+  // (the sums on the same grid, whose sets fix the partials' order; the dx in a persistent
+  // grid). Run 40 (H100), 4096x16384 forward+backward: rms bf16 392.5 -> 362.7 us with them,
+  // but f32 641.7 -> 681.2 and layer f32 672.9 -> 720.9, so f32 and f64 keep the one-shot ones.
   const size_t stages = static_cast<size_t>(kBwdStages) * bwd_pipe_slots<NVmax> * kBlock * 16;
   const int ordinal = like.device().ordinal();
+  const bool pipe = vec && sizeof(T) == 2;
   const bool pipe_sums =
-      vec && resident_blocks(reinterpret_cast<const void*>(&bwd_chunk_sums_kernel<T, K, true>),
+      pipe && resident_blocks(reinterpret_cast<const void*>(&bwd_chunk_sums_kernel<T, K, true>),
                              kBlock, smem + stages, 1, ordinal) > 0;
   if (pipe_sums) {
     bwd_chunk_sums_kernel<T, K, true><<<grid, kBlock, smem + stages, j.st>>>(
@@ -2170,9 +2172,9 @@ template <class T, Kind K> void run_bwd_rows(const Job& j) {
   }
   const int64_t items = j.R * nch;
   const int pipe_dx =
-      vec ? resident_blocks(reinterpret_cast<const void*>(&bwd_chunk_dx_kernel<T, K, true>),
-                            kBlock, stages, 1, ordinal)
-          : 0;
+      pipe ? resident_blocks(reinterpret_cast<const void*>(&bwd_chunk_dx_kernel<T, K, true>),
+                             kBlock, stages, 1, ordinal)
+           : 0;
   if (pipe_dx > 0) {
     bwd_chunk_dx_kernel<T, K, true>
         <<<grid1(j.name, std::min<int64_t>(items, pipe_dx)), kBlock, stages, j.st>>>(

@@ -1798,8 +1798,9 @@ TEST_P(CudaFusedForward, OnGpuMatchesCpuKernelComposedFormAndReference) {
               {Shape({300, 32, 64}), 8},  // many aligned groups: the pipelined rows
               // chunks in one cooperative launch (fwd_chunk_grid_kernel): 2 to 16 a group ...
               {Shape({2, 8, 64, 64}), 4}, {Shape({1, 8, 128, 128}), 2},
-              // ... and too many blocks for one (512 on a 132-SM device): two launches
-              {Shape({2, 64, 128, 128}), 2}};
+              // ... and too many blocks for one (512 on a 132-SM device): two launches, and
+              // with more than 256 chunks a row, fwd_merge_kernel between them
+              {Shape({2, 64, 128, 128}), 2}, {Shape({1, 8, 512, 512}), 1}};
   } else {
     for (size_t D : {1, 7, 33, 1000, 4099})
       for (size_t R : {1, 67}) shapes.push_back({Shape({R, D}), 1});
