@@ -28,7 +28,8 @@
 #              bench's L2 flush (reduce_rows_kernel) out of PROFILE_KERNELS (run 37 of
 #              docs/cuda.md profiled only it)
 #   kernels    every kernel each KERNEL_CASES row launches, in order, with its GPU time (ncu's
-#              gpu__time_duration alone: one pass, no replayed sections), the flush left out:
+#              gpu__time_duration alone: one pass, no replayed sections), the flush's two
+#              kernels (reduce_rows_kernel, combine_partials_kernel; run 40) left out:
 #              set beside the row's time from events, the rest is launch gaps and host work
 #   train      issue 17's table: taper's --bench-train (CUDA graph on and off; TRAIN_GRAPHS) /
 #              --bench-forward cells on the GPU, then
@@ -132,13 +133,19 @@ for step in "$@"; do
       log "report rc=$?"
       ;;
     ab)
+      # the object of source $1 (cuda/norm.cu: build/gpu/cuda/CMakeFiles/taper_cuda.dir/norm.cu.o)
+      obj_of() { find build/gpu -path "*/$(dirname "$1")/CMakeFiles/*.dir/$(basename "$1").o" | head -1; }
       base=${AB_BASE:-out/ab/base}
       [ -d "$base" ] || { log "ab: no folder $base"; continue; }
       so=$(ls build/gpu/libtaper.so* | head -1)
-      mkdir -p /tmp/ab/new /tmp/ab/base /tmp/ab/src
+      mkdir -p /tmp/ab/new /tmp/ab/base /tmp/ab/src /tmp/ab/obj
       cp -L "$so" /tmp/ab/new/lib.so
       files=$(cd "$base" && find . -type f | sed 's#^\./##')
-      for f in $files; do mkdir -p "/tmp/ab/src/$(dirname "$f")"; cp "$f" "/tmp/ab/src/$f"; cp "$base/$f" "$f"; done
+      for f in $files; do
+        mkdir -p "/tmp/ab/src/$(dirname "$f")" "/tmp/ab/obj/$(dirname "$f")"
+        cp "$f" "/tmp/ab/src/$f"; cp "$base/$f" "$f"
+        o=$(obj_of "$f"); [ -n "$o" ] && cp "$o" "/tmp/ab/obj/$f.o"
+      done
       log "ab: base files $files; rebuilding libtaper"
       cmake --build build/gpu -j"$(nproc)" --target taper >"$OUT/ab_build.log" 2>&1 ||
         { tail -20 "$OUT/ab_build.log"; }
@@ -151,8 +158,14 @@ for step in "$@"; do
           log "ab: $v $i rc=$?"
         done
       done
-      cp /tmp/ab/new/lib.so "$so"
-      for f in $files; do cp "/tmp/ab/src/$f" "$f"; done
+      # The tested sources, their objects and library back, objects and library newer than the
+      # sources: a later build (this call's or a warm machine's next) must not relink the base
+      # objects into the library, as it did in run 42 of docs/cuda.md.
+      for f in $files; do
+        cp "/tmp/ab/src/$f" "$f"
+        o=$(obj_of "$f"); [ -n "$o" ] && cp "/tmp/ab/obj/$f.o" "$o" && touch "$o"
+      done
+      cp /tmp/ab/new/lib.so "$so"; touch "$(readlink -f "$so")"
       python3 scripts/ab_report.py "$OUT" >"$OUT/ab.md" 2>&1
       ;;
     profile)
@@ -177,7 +190,7 @@ for step in "$@"; do
       for c in "${cases[@]}"; do
         log "ncu kernel times $c"
         timeout "${NCU_SECONDS:-120}" ncu --clock-control none --metrics gpu__time_duration.sum \
-          -k 'regex:^(?!reduce_rows_kernel)' -c "${KERNEL_COUNT:-40}" --csv \
+          -k 'regex:^(?!reduce_rows_kernel|combine_partials_kernel)' -c "${KERNEL_COUNT:-40}" --csv \
           ./build/gpu/benches/bench_cuda --fused-table /tmp/prof.csv --filter "$c" \
           >"$OUT/kernels_${c//[,x]/_}.csv" 2>&1
         log "ncu rc=$?"
