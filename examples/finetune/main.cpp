@@ -379,8 +379,11 @@ class Batcher {
 /// static inputs and replays. The loss it returns is the graph's output, rewritten by each
 /// replay. The optimizer runs after it, eagerly, and must update the parameters in place: a
 /// parameter that moved to new storage is an Error (the graph would read stale weights).
-/// Right after the capture the same batch also runs eagerly, and the replay must give its loss
-/// and every gradient bit for bit. When the capture fails or the bits differ, `strict`
+/// The same batch also runs eagerly just before the capture, and the replay must give its loss
+/// and every gradient bit for bit. That eager step's results wait on the host, so its device
+/// memory is free again while the graph's pool fills; and the last step's loss and gradients are
+/// dropped before the capture, since a block freed during a capture joins the graph's pool for
+/// good. When the capture fails or the bits differ, `strict`
 /// (--cuda-graph on) makes that an Error; otherwise the run says so and goes on eagerly.
 class GraphedStep {
  public:
@@ -419,25 +422,30 @@ class GraphedStep {
     } else {
       at_.clear();
       for (const Var& p : params) at_.push_back(p.data_ptr());
+      // The check's reference: this batch eagerly, its loss and gradients kept on the host.
+      std::vector<Tensor> want;
+      {
+        const auto [le, ge] = eager();
+        want = on_host(le, ge, params);
+      }
+      loss_ = Tensor();
+      grads_ = GradStore();
       std::string failed;
       try {
         graph_.capture(dev_, [&] { std::tie(loss_, grads_) = eager(); });
       } catch (const Error& e) {
         failed = std::string("the capture failed: ") + e.what();
       }
-      // The check: this batch eagerly, then the replay, which must give the same bits.
-      auto [le, ge] = eager();
-      if (failed.empty()) {
+      if (failed.empty()) {  // the replay must give the eager step's bits
         graph_.replay();
-        failed = first_difference(le, ge, params);
+        failed = first_difference(want, on_host(loss_, grads_, params), params);
       }
       if (!failed.empty()) {
         TAPER_CHECK(!strict_, "--cuda-graph on: ", failed);
         std::printf("cuda-graph: %s; the run goes on without a graph\n", failed.c_str());
         eager_ = true;
         graph_ = cuda::Graph();
-        loss_ = le;
-        grads_ = std::move(ge);
+        std::tie(loss_, grads_) = eager();
       } else {
         std::printf("cuda-graph: the step's forward and backward captured (%.1f MiB of device "
                     "memory held for it) and checked bit for bit against the eager step; each "
@@ -449,25 +457,34 @@ class GraphedStep {
     return loss_;
   }
 
-  /// "" when the replay's loss and gradients are the eager step's bits, else what differs.
-  std::string first_difference(const Tensor& loss, const GradStore& grads,
-                               const std::vector<Var>& params) const {
+  /// The loss, then each parameter's gradient (undefined where it has none), contiguous on
+  /// the host.
+  static std::vector<Tensor> on_host(const Tensor& loss, const GradStore& grads,
+                                     const std::vector<Var>& params) {
+    std::vector<Tensor> r = {loss.to_device(Device::cpu()).contiguous()};
+    for (const Var& p : params) {
+      const std::optional<Tensor> g = grads.get(p);
+      r.push_back(g ? g->to_device(Device::cpu()).contiguous() : Tensor());
+    }
+    return r;
+  }
+
+  /// "" when the replay's loss and gradients (on_host) are the eager step's bits, else what
+  /// differs.
+  static std::string first_difference(const std::vector<Tensor>& want,
+                                      const std::vector<Tensor>& got,
+                                      const std::vector<Var>& params) {
     auto same = [](const Tensor& a, const Tensor& b) {
       if (a.defined() != b.defined()) return false;
       if (!a.defined()) return true;
-      const Tensor ha = a.to_device(Device::cpu()).contiguous();
-      const Tensor hb = b.to_device(Device::cpu()).contiguous();
-      return ha.shape() == hb.shape() && ha.dtype() == hb.dtype() &&
-             std::memcmp(ha.data_ptr(), hb.data_ptr(),
-                         ha.elem_count() * dtype_size(ha.dtype())) == 0;
+      return a.shape() == b.shape() && a.dtype() == b.dtype() &&
+             std::memcmp(a.data_ptr(), b.data_ptr(), a.elem_count() * dtype_size(a.dtype())) == 0;
     };
-    if (!same(loss, loss_)) return "the replayed loss differs from the eager step's";
-    for (size_t i = 0; i < params.size(); ++i) {
-      const std::optional<Tensor> a = grads.get(params[i]), b = grads_.get(params[i]);
-      if (a.has_value() != b.has_value() || (a && !same(*a, *b)))
+    if (!same(want[0], got[0])) return "the replayed loss differs from the eager step's";
+    for (size_t i = 0; i < params.size(); ++i)
+      if (!same(want[i + 1], got[i + 1]))
         return detail::str_cat("the replayed gradient of parameter ", i, " ",
                                params[i].shape().to_string(), " differs from the eager step's");
-    }
     return "";
   }
 
