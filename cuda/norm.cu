@@ -829,6 +829,20 @@ __device__ __forceinline__ void merge_chunks(const C* pm, const C* pm2, int64_t 
   rs = stat[1];
 }
 
+/// merge_chunks for chunk c of `row`; chunk 0's block stores the row's mean (layer/group) and
+/// rstd.
+template <class C, Kind K, bool kL2>
+__device__ __forceinline__ void merge_row(const C* pm, const C* pm2, int64_t row, int64_t c,
+                                          int64_t nch, int64_t L, int64_t cs, C eps,
+                                          C* __restrict__ mean, C* __restrict__ rstd, C& mu,
+                                          C& rs) {
+  merge_chunks<C, K, kL2>(pm, pm2, row * nch, nch, L, cs, eps, mu, rs);
+  if (c == 0 && threadIdx.x == 0) {
+    if constexpr (K != Kind::kRms) mean[row] = mu;
+    rstd[row] = rs;
+  }
+}
+
 /// y of one chunk vector at row position i < hi: the affine map of xv, as fwd_rows_kernel.
 template <class T, Kind K>
 __device__ __forceinline__ void chunk_store(const compute_t<T> (&xv)[kV<T>], T* __restrict__ yr,
@@ -925,11 +939,7 @@ __global__ void __launch_bounds__(kBlock)
     if constexpr (K != Kind::kRms) mu = mean[row];
     rs = rstd[row];
   } else {
-    merge_chunks<C, K, false>(pm, pm2, row * nch, nch, L, cs, eps, mu, rs);
-    if (c == 0 && threadIdx.x == 0) {
-      if constexpr (K != Kind::kRms) mean[row] = mu;
-      rstd[row] = rs;
-    }
+    merge_row<C, K, false>(pm, pm2, row, c, nch, L, cs, eps, mean, rstd, mu, rs);
   }
   const T* xr = x + row * L;
 #pragma unroll
@@ -968,11 +978,7 @@ __global__ void __launch_bounds__(kBlock)
   chunk_partials<T, K>(v, lo, hi, it, red, pm, pm2);
   cooperative_groups::this_grid().sync();  // every chunk's partials written and visible
   C mu, rs;
-  merge_chunks<C, K, true>(pm, pm2, row * nch, nch, L, cs, eps, mu, rs);
-  if (c == 0 && threadIdx.x == 0) {
-    if constexpr (K != Kind::kRms) mean[row] = mu;
-    rstd[row] = rs;
-  }
+  merge_row<C, K, true>(pm, pm2, row, c, nch, L, cs, eps, mean, rstd, mu, rs);
 #pragma unroll
   for (int u = 0; u < NV; ++u) {
     const int64_t i = lo + (static_cast<int64_t>(u) * kBlock + threadIdx.x) * V;
@@ -1711,6 +1717,41 @@ Shape rows_shape(const Tensor& x) {
   return Shape(d);
 }
 
+/// Piece `item` = (n * C + ch) * P + p of the group norm backward's whole pieces (kBlock *
+/// kFwdVecs * V elements, S a multiple of that): its channel run nc = n * C + ch, channel ch,
+/// row (n, group) and first element lo within the run.
+struct GnPiece {
+  int64_t nc, ch, row, lo;
+};
+template <class T>
+__device__ __forceinline__ GnPiece gn_piece(int64_t item, int64_t Cn, int64_t G, int64_t Cg,
+                                            int64_t P) {
+  constexpr int64_t ps = static_cast<int64_t>(kBlock) * kFwdVecs<T> * kV<T>;
+  const int64_t nc = item / P, p = item - nc * P;
+  const int64_t n = nc / Cn, ch = nc - n * Cn;
+  return {nc, ch, n * G + ch / Cg, p * ps};
+}
+
+/// gn_bwd_sums_kernel's sums of a whole piece held by the block (u, q, dy) -> pu, pq, pdy (or
+/// null) [item].
+template <class T>
+__device__ __forceinline__ void gn_piece_sums(const compute_t<T> (&xv)[kFwdVecs<T>][kV<T>],
+                                              const compute_t<T> (&gv)[kFwdVecs<T>][kV<T>],
+                                              compute_t<T> mu, compute_t<T> rho,
+                                              compute_t<T>* red, int64_t item, compute_t<T>* pu,
+                                              compute_t<T>* pq, compute_t<T>* pdy) {
+  using C = compute_t<T>;
+  C s[3] = {C(0), C(0), C(0)};
+#pragma unroll
+  for (int k = 0; k < kFwdVecs<T>; ++k) gn_sums_vec<true, T>(xv[k], gv[k], kV<T>, mu, rho, s);
+  group_sum(s, kBlock, red);
+  if (threadIdx.x == 0) {
+    pu[item] = s[0];
+    pq[item] = s[1];
+    if (pdy) pdy[item] = s[2];
+  }
+}
+
 /// The group norm backward in one cooperative launch, where every channel run is P whole
 /// pieces of kBlock * kFwdVecs * V elements (S a multiple of that), a row has at most
 /// kInlineMerge pieces and the device holds every block: block item = (n * C + ch) * P + p
@@ -1732,12 +1773,10 @@ __global__ void __launch_bounds__(kBlock, 2)
   constexpr int64_t ps = static_cast<int64_t>(kBlock) * NU * V;
   __shared__ C red[kBlock / 32 * 3];
   const int64_t item = blockIdx.x;
-  const int64_t nc = item / P, p = item - nc * P;
-  const int64_t n = nc / Cn, ch = nc - n * Cn;
-  const int64_t row = n * G + ch / Cg;
-  const int64_t lo = p * ps, hi = lo + ps;
-  const T* xc = x + nc * S;
-  const T* gc = dy + nc * S;
+  const GnPiece pc = gn_piece<T>(item, Cn, G, Cg, P);
+  const int64_t row = pc.row, lo = pc.lo, hi = lo + ps;
+  const T* xc = x + pc.nc * S;
+  const T* gc = dy + pc.nc * S;
   const C mu = mean[row], rho = rstd[row];
   C xv[NU][V], gv[NU][V];
 #pragma unroll
@@ -1746,15 +1785,7 @@ __global__ void __launch_bounds__(kBlock, 2)
     load_vec(xc, i, hi, vec, xv[k]);
     load_vec(gc, i, hi, vec, gv[k]);
   }
-  C s[3] = {C(0), C(0), C(0)};
-#pragma unroll
-  for (int k = 0; k < NU; ++k) gn_sums_vec<true, T>(xv[k], gv[k], V, mu, rho, s);
-  group_sum(s, kBlock, red);
-  if (threadIdx.x == 0) {
-    pu[item] = s[0];
-    pq[item] = s[1];
-    if (pdy) pdy[item] = s[2];
-  }
+  gn_piece_sums<T>(xv, gv, mu, rho, red, item, pu, pq, pdy);
   cooperative_groups::this_grid().sync();  // every piece's sums written and visible
   const int64_t ch0 = (row % G) * Cg;
   __shared__ C rsum[2];
@@ -1763,13 +1794,13 @@ __global__ void __launch_bounds__(kBlock, 2)
                         ch0, rsum);
   const C kk = rho * rho * r[1] * inv_m;
   const C cc = r[0] * inv_m;
-  const C wc = w ? load_c(w[ch]) : C(1);
+  const C wc = w ? load_c(w[pc.ch]) : C(1);
 #pragma unroll
   for (int k = 0; k < NU; ++k) {
     const int64_t i = lo + (static_cast<int64_t>(k) * kBlock + threadIdx.x) * V;
     C o[V];
     gn_dx_vec<T>(xv[k], gv[k], mu, rho, kk, cc, wc, w != nullptr, o);
-    store_vec(dx + nc * S, i, hi, vec, o);
+    store_vec(dx + pc.nc * S, i, hi, vec, o);
   }
   // dw (from pq) and db (from pdy), each column block as col_reduce_kernel's (the same bits),
   // by the first blocks: no launch of their own. Every sum they read was written before the
@@ -1805,7 +1836,6 @@ __global__ void __launch_bounds__(kBlock, 2)
                        int64_t Cg, int64_t P, compute_t<T> inv_m) {
   using C = compute_t<T>;
   constexpr int V = kV<T>, NU = kFwdVecs<T>, B = kBlock;
-  constexpr int64_t ps = static_cast<int64_t>(kBlock) * NU * V;
   extern __shared__ uint4 gn_slots[];
   __shared__ C red[kBlock / 32 * 3];
   __shared__ C team[2][2];  // the row sums, per item parity
@@ -1815,9 +1845,8 @@ __global__ void __launch_bounds__(kBlock, 2)
       first, stride, items, gn_slots, bwd_pipe_slots<NU> * B,
       [&](uint4* stage, int64_t item) {
         if (item >= items) return;
-        const int64_t nc = item / P, p = item - nc * P;
-        const int64_t n = nc / Cn, ch = nc - n * Cn;
-        const int64_t base = nc * S + p * ps;
+        const GnPiece pc = gn_piece<T>(item, Cn, G, Cg, P);
+        const int64_t base = pc.nc * S + pc.lo;
 #pragma unroll
         for (int k = 0; k < NU; ++k) {
           const int64_t i = base + (static_cast<int64_t>(k) * B + t) * V;
@@ -1825,14 +1854,12 @@ __global__ void __launch_bounds__(kBlock, 2)
           cp_async<16>(&stage[(NU + k) * B + t], dy + i);
         }
         C* st = reinterpret_cast<C*>(&stage[2 * NU * B + t]);
-        const int64_t grp = n * G + ch / Cg;
-        cp_async<sizeof(C)>(st, mean + grp);
-        cp_async<sizeof(C)>(st + 1, rstd + grp);
+        cp_async<sizeof(C)>(st, mean + pc.row);
+        cp_async<sizeof(C)>(st + 1, rstd + pc.row);
       },
       [&](const uint4* stage, int64_t item) {
-        const int64_t nc = item / P, p = item - nc * P;
-        const int64_t n = nc / Cn, ch = nc - n * Cn;
-        const int64_t row = n * G + ch / Cg;
+        const GnPiece pc = gn_piece<T>(item, Cn, G, Cg, P);
+        const int64_t row = pc.row;
         C xv[NU][V], gv[NU][V];
 #pragma unroll
         for (int k = 0; k < NU; ++k) {
@@ -1842,15 +1869,7 @@ __global__ void __launch_bounds__(kBlock, 2)
         const C* st = reinterpret_cast<const C*>(&stage[2 * NU * B + t]);
         const C mu = st[0], rho = st[1];
         if constexpr (!kDx) {
-          C s[3] = {C(0), C(0), C(0)};
-#pragma unroll
-          for (int k = 0; k < NU; ++k) gn_sums_vec<true, T>(xv[k], gv[k], V, mu, rho, s);
-          group_sum(s, kBlock, red);
-          if (t == 0) {
-            pu[item] = s[0];
-            pq[item] = s[1];
-            if (pdy) pdy[item] = s[2];
-          }
+          gn_piece_sums<T>(xv, gv, mu, rho, red, item, pu, pq, pdy);
         } else {
           C r[2] = {C(0), C(0)};
           if (pre) {  // uniform
@@ -1865,8 +1884,8 @@ __global__ void __launch_bounds__(kBlock, 2)
           }
           const C kk = rho * rho * r[1] * inv_m;
           const C cc = r[0] * inv_m;
-          const C wc = w ? load_c(w[ch]) : C(1);
-          const int64_t base = nc * S + p * ps;
+          const C wc = w ? load_c(w[pc.ch]) : C(1);
+          const int64_t base = pc.nc * S + pc.lo;
 #pragma unroll
           for (int k = 0; k < NU; ++k) {
             C o[V];
