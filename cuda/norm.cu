@@ -1966,7 +1966,12 @@ template <class T, Kind K> void run_fwd(const Job& j) {
   const int64_t nv = ceil_div(j.L, V);
   const int tl = log2_for(nv, K == Kind::kLayer && !vec ? kFwdVecs<T> : NVmax);
   const int64_t row_bytes = j.L * static_cast<int64_t>(sizeof(T));
-  if (vec && (int64_t{1} << tl) > kBlock && j.R >= kMinRowBlocks && row_bytes <= kLoopMaxBytes) {
+  // The half types' aligned rms/layer rows that a block of kMaxRowThreads holds (32 values a
+  // thread) are read once by the row kernels, where the loop reads each row from L2 again.
+  const bool held = K != Kind::kGroup && is_half_v<T> && vec &&
+                    (int64_t{1} << tl) <= kMaxRowThreads<T>;
+  if (vec && !held && (int64_t{1} << tl) > kBlock && j.R >= kMinRowBlocks &&
+      row_bytes <= kLoopMaxBytes) {
     fwd_loop_kernel<T, K><<<grid1(j.name, j.R), kBlock, 0, j.st>>>(x, w, b, y, mean, rstd, j.L,
                                                                     j.S, j.G, j.Cg, eps);
     TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);

@@ -1808,6 +1808,7 @@ TEST_P(CudaFusedForward, OnGpuMatchesCpuKernelComposedFormAndReference) {
     shapes.push_back({Shape({2, 262147}), 1});  // longer than any on-chip row
     // Many rows too long for a block's team: one block loops over each (fwd_loop_kernel).
     shapes.push_back({Shape({130, 8000}), 1});
+    shapes.push_back({Shape({130, 12000}), 1});  // the half types: 512-thread rows instead
     shapes.push_back({Shape({130, 4000}), 1});  // f64's loop
     shapes.push_back({Shape({129, 6001}), 1});  // unaligned: not looped
     shapes.push_back({Shape({128, 32776}), 1});  // a cluster of blocks per row (2 to 8)
