@@ -463,12 +463,19 @@ __device__ __forceinline__ void fwd_row(const T* __restrict__ x, const T* __rest
   }
 }
 
-/// Whether T's aligned forward rows take the pipelined kernel: f64's only. A/B on an H100 (run 31
-/// of docs/cuda.md), 16384x1024: f64 rms 98.6 -> 93.1 us, layer 121.1 -> 107.0; bf16 rms 28.2 ->
-/// 29.6, layer 36.8 -> 35.8 (not limited by the loads in flight: run 35's ncu found them issuing
-/// 22-39 instructions per element, most of them not arithmetic); f32 rows are at 93-97 % of the
-/// copy already.
-template <class T> inline constexpr bool kPipeRows = std::is_same_v<T, double>;
+/// Whether T's aligned forward rows take the pipelined kernel: f64's, and f32 layer_norm's of
+/// 1024 threads (pipe_rows). A/B on an H100 (run 31 of docs/cuda.md), 16384x1024: f64 rms 98.6 ->
+/// 93.1 us, layer 121.1 -> 107.0; bf16 rms 28.2 -> 29.6, layer 36.8 -> 35.8 (not limited by the
+/// loads in flight: run 35's ncu found them issuing 22-39 instructions per element, most of them
+/// not arithmetic); f32 rows are at 93-98 % of the copy already, but for layer_norm's longest
+/// (4096x16384: 85 % in run 8, rms 98 %), whose one 1024-thread block an SM has no load in
+/// flight through the row's two block reductions.
+template <class T, Kind K>
+inline constexpr bool kPipeRows =
+    std::is_same_v<T, double> || (std::is_same_v<T, float> && K == Kind::kLayer);
+template <class T, Kind K> constexpr bool pipe_rows(int tpr) {
+  return kPipeRows<T, K> && (!std::is_same_v<T, float> || tpr == kMaxRowThreads<T>);
+}
 /// Stages of the pipelined forward rows (NV <= 4 vectors a thread: at most 64 bytes a stage).
 constexpr int kFwdStages = 3;
 /// The pipelined rows' register bound: 64 a thread (measured so in runs 31 and 34; unbounded,
@@ -1985,7 +1992,12 @@ template <class T, Kind K> void run_fwd(const Job& j) {
   const int64_t nv = ceil_div(j.L, V);
   const int tl = log2_for(nv, K == Kind::kLayer && !vec ? kFwdVecs<T> : NVmax);
   const int64_t row_bytes = j.L * static_cast<int64_t>(sizeof(T));
-  if (vec && (int64_t{1} << tl) > kBlock && j.R >= kMinRowBlocks && row_bytes <= kLoopMaxBytes) {
+  // The half types' aligned rms/layer rows that a block of kMaxRowThreads holds (32 values a
+  // thread) are read once by the row kernels, where the loop reads each row from L2 again.
+  const bool held = K != Kind::kGroup && is_half_v<T> && vec &&
+                    (int64_t{1} << tl) <= kMaxRowThreads<T>;
+  if (vec && !held && (int64_t{1} << tl) > kBlock && j.R >= kMinRowBlocks &&
+      row_bytes <= kLoopMaxBytes) {
     fwd_loop_kernel<T, K><<<grid1(j.name, j.R), kBlock, 0, j.st>>>(x, w, b, y, mean, rstd, j.L,
                                                                     j.S, j.G, j.Cg, eps);
     TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
@@ -2014,8 +2026,8 @@ template <class T, Kind K> void run_fwd(const Job& j) {
         // The aligned rms and layer rows take fwd_row's kAl path.
         auto run = [&](auto al) {
           constexpr bool kAl = decltype(al)::value;
-          if constexpr (kPipeRows<T>) {
-            if (vec) {
+          if constexpr (kPipeRows<T, K>) {
+            if (vec && pipe_rows<T, K>(tpr)) {
               auto* kernel = &fwd_rows_kernel<T, K, NV, true, kAl>;
               const size_t smem = static_cast<size_t>(kFwdStages) * NV * threads * 16;
               const int resident = resident_blocks(reinterpret_cast<const void*>(kernel), threads,

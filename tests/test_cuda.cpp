@@ -1808,6 +1808,9 @@ TEST_P(CudaFusedForward, OnGpuMatchesCpuKernelComposedFormAndReference) {
     shapes.push_back({Shape({2, 262147}), 1});  // longer than any on-chip row
     // Many rows too long for a block's team: one block loops over each (fwd_loop_kernel).
     shapes.push_back({Shape({130, 8000}), 1});
+    // ... but the half types' take 512-thread rows, and f32's 1024-thread rows (layer_norm's
+    // pipelined)
+    shapes.push_back({Shape({130, 12000}), 1});
     shapes.push_back({Shape({130, 4000}), 1});  // f64's loop
     shapes.push_back({Shape({129, 6001}), 1});  // unaligned: not looped
     shapes.push_back({Shape({128, 32776}), 1});  // a cluster of blocks per row (2 to 8)
