@@ -18,6 +18,10 @@
 //   clusters (forward): aligned rows of 64 to 512 KB, enough for 256 blocks (group norm's large
 //     groups): a cluster of 2 to 8 blocks per row holds it in shared memory, 64 KB a block
 //     (fwd_cluster_kernel); read once, written once.
+//   long rows (backward, bf16/f16): aligned rows of 4097 to 16384 (at least 128 of them), one
+//     a block of 512 threads at a time from pipelined stages in shared memory, where x and dy
+//     stay (the rows plan's registers hold only the column sums), 128 blocks; each element is
+//     read once, written once.
 //   chunks: longer rows, fewer than 128 row blocks of rows >= 4096, and every group norm
 //     backward. A block's registers take one chunk (forward 4096 elements, 2048 f64; rms/layer
 //     backward 2048, 1024 f64); a later kernel merges the per-chunk partials in a fixed order:
@@ -50,6 +54,7 @@
 //   fwd_chunk_write_kernel  x, stats -> y (x again: from L2 when it fits)    2 n s
 //   fwd_chunk_grid_kernel   the two above in one cooperative launch          2 n s
 //   bwd_rows_kernel         x, dy -> dx, dw/db partials (P, D), P <= 512      3 n s
+//                           (the long rows: kBwdStaged, P = 128)
 //   bwd_chunk_sums_kernel   x, dy -> row-chunk sums, dw/db partials          2 n s
 //   sums_merge_kernel       row sums of rows of > 256 partials               -
 //   bwd_chunk_dx_kernel     x, dy, sums -> dx                                3 n s
@@ -1106,6 +1111,17 @@ template <class T, int NV> constexpr size_t bwd_cols_bytes(int threads, bool wan
 /// dy and one for the row's mean and rstd.
 constexpr int kBwdStages = 3;
 template <int NV> inline constexpr int bwd_pipe_slots = 2 * NV + 1;
+/// The long rows of the half types: aligned rows of up to kBwdMaxThreads x kBwdLongVecs vectors
+/// (bf16/f16 D <= 16384), pipelined, in blocks of kBwdMaxThreads threads, one row a block at a
+/// time, kBwdLongRowBlocks blocks (a constant, so that the partials and their bits do not depend
+/// on the device; at least as many rows). x and dy are read once (3 n s bytes, where the chunks
+/// move 5 n s). Their NV vectors a thread are more than registers hold beside the column sums,
+/// so x and dy stay in the stage and are widened again for dx (kBwdStaged), and the column sums
+/// reuse the stages' shared memory once the rows are done.
+template <class T> inline constexpr int kBwdLongVecs = is_half_v<T> ? 4 : kBwdVecs<T>;
+constexpr int64_t kBwdLongRowBlocks = 128;
+template <class T, int NV, bool kPipe>
+inline constexpr bool kBwdStaged = kPipe && NV > kBwdVecs<T>;
 
 /// Rows held in registers. x, dy, dx: (R, D); mean (layer), rstd: (R); pdw, pdb (or null):
 /// (gridDim.x, D) column partials. Groups of tpr threads as fwd_rows_kernel; the block's groups
@@ -1114,9 +1130,10 @@ template <int NV> inline constexpr int bwd_pipe_slots = 2 * NV + 1;
 /// bwd_cols_bytes, 2 * NV * V * blockDim.x values when a partial is wanted).
 /// kPipe (aligned rows): each thread's vectors of x and dy, and its row's mean and rstd, are
 /// copied kBwdStages - 1 rows ahead into its own slots of the dynamic shared memory past the
-/// column sums (bwd_pipe_slots<NV> 16-byte slots a thread a stage).
+/// column sums (bwd_pipe_slots<NV> 16-byte slots a thread a stage); kBwdStaged (the long rows):
+/// at its start, the column sums taking the same memory after the rows.
 template <class T, Kind K, int NV, bool kPipe>
-__global__ void __launch_bounds__(kBwdMaxThreads, 2)
+__global__ void __launch_bounds__(kBwdMaxThreads, kBwdStaged<T, NV, kPipe> ? 1 : 2)
     bwd_rows_kernel(const T* __restrict__ x, const T* __restrict__ w,
                     const compute_t<T>* __restrict__ mean, const compute_t<T>* __restrict__ rstd,
                     const T* __restrict__ dy, T* __restrict__ dx, compute_t<T>* __restrict__ pdw,
@@ -1139,27 +1156,34 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 2)
     zero_vec<T>(cb[u]);
   }
   const int B = static_cast<int>(blockDim.x), t = static_cast<int>(threadIdx.x);
-  // One row group's row (rb uniform across the block); stage: its slots when kPipe.
+  // One row group's row (rb uniform across the block); stage: its slots when kPipe. Vector u of
+  // x and dy is fetched into registers once (kBwdStaged: once for the sums, again for dx).
+  constexpr bool kStaged = kBwdStaged<T, NV, kPipe>;
+  constexpr int NH = kStaged ? 1 : NV;  // vectors of x and of dy held across the row's sums
   auto one_row = [&](int64_t rb, const uint4* stage) {
     const int64_t row = rb + g;
     const bool active = row < R;
     const int64_t off = (active ? row : 0) * D;
-    C xv[NV][V], gv[NV][V];
-#pragma unroll
-    for (int u = 0; u < NV; ++u) {
+    C xv[NH][V], gv[NH][V];
+    auto fetch = [&](int u) {
+      const int h = kStaged ? 0 : u;
       const int64_t i = (static_cast<int64_t>(u) * tpr + lane) * V;
       if (active && i < D) {
         if constexpr (kPipe) {
-          widen16<T>(stage[u * B + t], xv[u]);
-          widen16<T>(stage[(NV + u) * B + t], gv[u]);
+          widen16<T>(stage[u * B + t], xv[h]);
+          widen16<T>(stage[(NV + u) * B + t], gv[h]);
         } else {
-          load_vec(x + off, i, D, vec, xv[u]);
-          load_vec(dy + off, i, D, vec, gv[u]);
+          load_vec(x + off, i, D, vec, xv[h]);
+          load_vec(dy + off, i, D, vec, gv[h]);
         }
       } else {
-        zero_vec<T>(xv[u]);
-        zero_vec<T>(gv[u]);
+        zero_vec<T>(xv[h]);
+        zero_vec<T>(gv[h]);
       }
+    };
+    if constexpr (!kStaged) {
+#pragma unroll
+      for (int u = 0; u < NV; ++u) fetch(u);
     }
     const C* st = kPipe ? reinterpret_cast<const C*>(&stage[2 * NV * B + t]) : nullptr;
     const C mu = K == Kind::kLayer && active ? (kPipe ? st[0] : mean[row]) : C(0);
@@ -1167,10 +1191,12 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 2)
     C s[2] = {C(0), C(0)};
 #pragma unroll
     for (int u = 0; u < NV; ++u) {
+      const int h = kStaged ? 0 : u;
+      if constexpr (kStaged) fetch(u);
       const int64_t i = (static_cast<int64_t>(u) * tpr + lane) * V;
       C wv[V];
       load_w(w, i < D ? i : 0, D, vec, wv);
-      bwd_vec<T, K>(xv[u], gv[u], wv, i, active ? D : 0, mu, rho, s, cw[u], cb[u]);
+      bwd_vec<T, K>(xv[h], gv[h], wv, i, active ? D : 0, mu, rho, s, cw[u], cb[u]);
     }
     group_sum(s, tpr, red);
     const C kk = rho * rho * s[1] * inv_d;
@@ -1178,11 +1204,13 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 2)
     if (active) {
 #pragma unroll
       for (int u = 0; u < NV; ++u) {
+        const int h = kStaged ? 0 : u;
         const int64_t i = (static_cast<int64_t>(u) * tpr + lane) * V;
         if (i < D) {
+          if constexpr (kStaged) fetch(u);
           C wv[V], o[V];
           load_w(w, i, D, vec, wv);
-          dx_vec<T, K>(xv[u], gv[u], wv, w != nullptr, kk, cc, o);
+          dx_vec<T, K>(xv[h], gv[h], wv, w != nullptr, kk, cc, o);
           store_vec(dx + off, i, D, vec, o);
         }
       }
@@ -1193,7 +1221,8 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 2)
   if constexpr (!kPipe) {
     for (int64_t rb = first; rb < R; rb += step) one_row(rb, nullptr);  // rb uniform
   } else {
-    uint4* slots = reinterpret_cast<uint4*>(cols_raw + bwd_cols_bytes<T, NV>(B, want_w || want_b));
+    uint4* slots = reinterpret_cast<uint4*>(
+        cols_raw + (kStaged ? 0 : bwd_cols_bytes<T, NV>(B, want_w || want_b)));
     pipelined_rows<kBwdStages>(
         first, step, R, slots, bwd_pipe_slots<NV> * B,
         [&](uint4* stage, int64_t rb) {
@@ -1214,6 +1243,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 2)
         [&](const uint4* stage, int64_t rb) { one_row(rb, stage); });
   }
   if (!want_w && !want_b) return;  // uniform
+  if constexpr (kStaged) __syncthreads();  // every thread's reads of its stages are done
   put_cols(cols, cw, cb, want_w, want_b);
   __syncthreads();  // every thread's column sums are in place
   const int64_t prow = static_cast<int64_t>(blockIdx.x) * D;
@@ -2128,6 +2158,35 @@ template <class T, Kind K> void run_bwd_rows(const Job& j) {
       });
       fold_partials<C, T>(j, pdw, pdb, P, j.L, 1);
       return;
+    }
+  }
+  // The long rows (kBwdLongVecs), where the device holds a block with its stages.
+  if constexpr (kBwdLongVecs<T> > NVmax) {
+    const int64_t tn = kBwdMaxThreads;
+    if (vec && nv <= tn * kBwdLongVecs<T> && j.R >= kBwdLongRowBlocks) {
+      bool done = false;
+      with_vecs<kBwdLongVecs<T>>(ceil_div(nv, tn), [&](auto nvc) {
+        constexpr int NV = decltype(nvc)::value;
+        if constexpr (NV > NVmax) {
+          auto* kernel = &bwd_rows_kernel<T, K, NV, true>;
+          const size_t all =
+              std::max(bwd_cols_bytes<T, NV>(kBwdMaxThreads, need_w || need_b),
+                       static_cast<size_t>(kBwdStages) * bwd_pipe_slots<NV> * kBwdMaxThreads * 16);
+          if (resident_blocks(reinterpret_cast<const void*>(kernel), kBwdMaxThreads, all, 1,
+                              like.device().ordinal()) > 0) {
+            constexpr int64_t P = kBwdLongRowBlocks;
+            Tensor hw, hb;
+            C* pdw = need_w ? scratch<C>(hw, P * j.L, like) : nullptr;
+            C* pdb = need_b ? scratch<C>(hb, P * j.L, like) : nullptr;
+            kernel<<<static_cast<unsigned>(P), kBwdMaxThreads, all, j.st>>>(
+                x, w, mean, rstd, dy, dx, pdw, pdb, j.R, j.L, log2_for(nv, NV), inv_d, vec);
+            TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
+            fold_partials<C, T>(j, pdw, pdb, P, j.L, 1);
+            done = true;
+          }
+        }
+      });
+      if (done) return;
     }
   }
   // Chunks: (nch, sets) blocks for the sums, each set of rows one partial row of dw/db (at most
