@@ -1107,9 +1107,12 @@ template <class T, int NV> constexpr size_t bwd_cols_bytes(int threads, bool wan
   return want ? 2 * static_cast<size_t>(threads) * NV * kV<T> * sizeof(compute_t<T>) : 0;
 }
 /// The pipelined backward rows (the half types: bf16 16384x1024 rms and layer forward+backward
-/// 9 % faster, run 31; f32 and f64 rows would need more shared memory than leaves the 512 row
-/// blocks resident): their stages, and the 16-byte slots a thread has in each, NV of x, NV of
-/// dy and one for the row's mean and rstd.
+/// 9 % faster, run 31; f64, whose rows were at 80-84 % of the copy in run 8, though its 512
+/// row blocks of 77 KB are not all resident at once (2 an SM): the second wave costs about 3 %
+/// against the blocks' rows in one; f32 rows are at 86-88 % unpipelined): their stages, and the
+/// 16-byte slots a thread has in each, NV of x, NV of dy and one for the row's mean and rstd.
+template <class T>
+inline constexpr bool kBwdPipeRows = is_half_v<T> || std::is_same_v<T, double>;
 constexpr int kBwdStages = 3;
 template <int NV> inline constexpr int bwd_pipe_slots = 2 * NV + 1;
 /// The long rows: rows of up to kBwdMaxThreads x kBwdLongVecs vectors (bf16/f16 and f32 D <=
@@ -1133,9 +1136,12 @@ template <class T, int NV> inline constexpr bool kBwdRefetch = NV > kBwdVecs<T>;
 /// kPipe (aligned rows): each thread's vectors of x and dy, and its row's mean and rstd, are
 /// copied kBwdStages - 1 rows ahead into its own slots of the dynamic shared memory past the
 /// column sums (bwd_pipe_slots<NV> 16-byte slots a thread a stage); the long rows' (kBwdRefetch):
-/// at its start, the column sums taking the same memory after the rows.
+/// at its start, the column sums taking the same memory after the rows. The long rows and f64's
+/// pipelined rows are bound to 128 registers (f64's spilled 84 bytes at 64; their 256-thread
+/// blocks are two an SM by shared memory either way).
 template <class T, Kind K, int NV, bool kPipe>
-__global__ void __launch_bounds__(kBwdMaxThreads, kBwdRefetch<T, NV> ? 1 : 2)
+__global__ void __launch_bounds__(kBwdMaxThreads,
+                                  kBwdRefetch<T, NV> || (kPipe && sizeof(T) == 8) ? 1 : 2)
     bwd_rows_kernel(const T* __restrict__ x, const T* __restrict__ w,
                     const compute_t<T>* __restrict__ mean, const compute_t<T>* __restrict__ rstd,
                     const T* __restrict__ dy, T* __restrict__ dx, compute_t<T>* __restrict__ pdw,
@@ -2169,7 +2175,7 @@ template <class T, Kind K> void run_bwd_rows(const Job& j) {
       with_vecs<NVmax>(ceil_div(nv, tpr), [&](auto nvc) {
         constexpr int NV = decltype(nvc)::value;
         const size_t smem = bwd_cols_bytes<T, NV>(threads, need_w || need_b);
-        if constexpr (is_half_v<T>) {
+        if constexpr (kBwdPipeRows<T>) {
           if (vec) {
             auto* kernel = &bwd_rows_kernel<T, K, NV, true>;
             const size_t all =
