@@ -18,6 +18,11 @@
 //   clusters (forward): aligned rows of 64 to 512 KB, enough for 256 blocks (group norm's large
 //     groups): a cluster of 2 to 8 blocks per row holds it in shared memory, 64 KB a block
 //     (fwd_cluster_kernel); read once, written once.
+//   long rows (backward, bf16/f16/f32): aligned rows of 4097 to 16384, at least 128 of them,
+//     one a block of 512 threads at a time, 128 blocks, each vector of x and dy fetched twice
+//     (for the row's sums, then for dx): bf16/f16 from pipelined stages in shared memory, f32
+//     from memory, the second time from the L2 (its column sums in shared memory). Each
+//     element is read once from memory, written once.
 //   chunks: longer rows, fewer than 128 row blocks of rows >= 4096, and every group norm
 //     backward. A block's registers take one chunk (forward 4096 elements, 2048 f64; rms/layer
 //     backward 2048, 1024 f64); a later kernel merges the per-chunk partials in a fixed order:
@@ -50,6 +55,7 @@
 //   fwd_chunk_write_kernel  x, stats -> y (x again: from L2 when it fits)    2 n s
 //   fwd_chunk_grid_kernel   the two above in one cooperative launch          2 n s
 //   bwd_rows_kernel         x, dy -> dx, dw/db partials (P, D), P <= 512      3 n s
+//                           (the long rows: kBwdRefetch, P = 128)
 //   bwd_chunk_sums_kernel   x, dy -> row-chunk sums, dw/db partials          2 n s
 //   sums_merge_kernel       row sums of rows of > 256 partials               -
 //   bwd_chunk_dx_kernel     x, dy, sums -> dx                                3 n s
@@ -1114,11 +1120,26 @@ template <class T, int NV> constexpr size_t bwd_cols_bytes(int threads, bool wan
   return want ? 2 * static_cast<size_t>(threads) * NV * kV<T> * sizeof(compute_t<T>) : 0;
 }
 /// The pipelined backward rows (the half types: bf16 16384x1024 rms and layer forward+backward
-/// 9 % faster, run 31; f32 and f64 rows would need more shared memory than leaves the 512 row
-/// blocks resident): their stages, and the 16-byte slots a thread has in each, NV of x, NV of
-/// dy and one for the row's mean and rstd.
+/// 9 % faster, run 31; f64, whose rows were at 80-84 % of the copy in run 8, though its 512
+/// row blocks of 77 KB are not all resident at once (2 an SM): the second wave costs about 3 %
+/// against the blocks' rows in one; f32 rows are at 86-88 % unpipelined): their stages, and the
+/// 16-byte slots a thread has in each, NV of x, NV of dy and one for the row's mean and rstd.
+template <class T>
+inline constexpr bool kBwdPipeRows = is_half_v<T> || std::is_same_v<T, double>;
 constexpr int kBwdStages = 3;
 template <int NV> inline constexpr int bwd_pipe_slots = 2 * NV + 1;
+/// The long rows: rows of up to kBwdMaxThreads x kBwdLongVecs vectors (bf16/f16 and f32 D <=
+/// 16384), in blocks of kBwdMaxThreads threads, one row a block at a time, kBwdLongRowBlocks
+/// blocks (a constant, so that the partials and their bits do not depend on the device; at
+/// least as many rows). Their NV vectors a thread are more than registers hold beside the
+/// column sums, so each vector of x and dy is fetched twice (kBwdRefetch): for the row's sums,
+/// then for dx. The half types' aligned rows are pipelined, and fetch both times from their
+/// stage (x and dy read once from memory: 3 n s bytes, where the chunks move 5 n s); the column
+/// sums reuse the stages' shared memory once the rows are done. f32 rows fetch from memory both
+/// times, the second from the L2 (the rows in flight: 128 x 128 KB): 3 n s bytes from memory.
+template <class T> inline constexpr int kBwdLongVecs = sizeof(T) <= 4 ? 32 / kV<T> : kBwdVecs<T>;
+constexpr int64_t kBwdLongRowBlocks = 128;
+template <class T, int NV> inline constexpr bool kBwdRefetch = NV > kBwdVecs<T>;
 
 /// Rows held in registers. x, dy, dx: (R, D); mean (layer), rstd: (R); pdw, pdb (or null):
 /// (gridDim.x, D) column partials. Groups of tpr threads as fwd_rows_kernel; the block's groups
@@ -1127,9 +1148,13 @@ template <int NV> inline constexpr int bwd_pipe_slots = 2 * NV + 1;
 /// bwd_cols_bytes, 2 * NV * V * blockDim.x values when a partial is wanted).
 /// kPipe (aligned rows): each thread's vectors of x and dy, and its row's mean and rstd, are
 /// copied kBwdStages - 1 rows ahead into its own slots of the dynamic shared memory past the
-/// column sums (bwd_pipe_slots<NV> 16-byte slots a thread a stage).
+/// column sums (bwd_pipe_slots<NV> 16-byte slots a thread a stage); the long rows' (kBwdRefetch):
+/// at its start, the column sums taking the same memory after the rows. The long rows and f64's
+/// pipelined rows are bound to 128 registers (f64's spilled 84 bytes at 64; their 256-thread
+/// blocks are two an SM by shared memory either way).
 template <class T, Kind K, int NV, bool kPipe>
-__global__ void __launch_bounds__(kBwdMaxThreads, 2)
+__global__ void __launch_bounds__(kBwdMaxThreads,
+                                  kBwdRefetch<T, NV> || (kPipe && sizeof(T) == 8) ? 1 : 2)
     bwd_rows_kernel(const T* __restrict__ x, const T* __restrict__ w,
                     const compute_t<T>* __restrict__ mean, const compute_t<T>* __restrict__ rstd,
                     const T* __restrict__ dy, T* __restrict__ dx, compute_t<T>* __restrict__ pdw,
@@ -1145,34 +1170,54 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 2)
   const int gpb = static_cast<int>(blockDim.x) >> tpr_log2;
   const int g = static_cast<int>(threadIdx.x) >> tpr_log2;
   const int lane = static_cast<int>(threadIdx.x) & (tpr - 1);
-  C cw[NV][V], cb[NV][V];
+  constexpr bool kRe = kBwdRefetch<T, NV>;
+  constexpr bool kStaged = kRe && kPipe;  // the column sums reuse the stages' memory
+  // The long f32 rows keep their column sums in their slots of the shared memory (col_slot,
+  // where put_cols would store them), registers holding one vector's at a time: NV = 8 vectors'
+  // sums took 128 registers and spilled 400 bytes. The same adds in the same order.
+  constexpr bool kShCols = kRe && !kPipe;
+  constexpr int E = NV * V;
+  C cw[kShCols ? 1 : NV][V], cb[kShCols ? 1 : NV][V];
 #pragma unroll
-  for (int u = 0; u < NV; ++u) {
+  for (int u = 0; u < (kShCols ? 1 : NV); ++u) {
     zero_vec<T>(cw[u]);
     zero_vec<T>(cb[u]);
   }
+  if constexpr (kShCols) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      if (want_w) *col_slot<C, E>(cols, 0, e) = C(0);
+      if (want_b) *col_slot<C, E>(cols, 1, e) = C(0);
+    }
+  }
   const int B = static_cast<int>(blockDim.x), t = static_cast<int>(threadIdx.x);
-  // One row group's row (rb uniform across the block); stage: its slots when kPipe.
+  // One row group's row (rb uniform across the block); stage: its slots when kPipe. Vector u of
+  // x and dy is fetched into registers once (the long rows: once for the sums, again for dx).
+  constexpr int NH = kRe ? 1 : NV;  // vectors of x and of dy held across the row's sums
   auto one_row = [&](int64_t rb, const uint4* stage) {
     const int64_t row = rb + g;
     const bool active = row < R;
     const int64_t off = (active ? row : 0) * D;
-    C xv[NV][V], gv[NV][V];
-#pragma unroll
-    for (int u = 0; u < NV; ++u) {
+    C xv[NH][V], gv[NH][V];
+    auto fetch = [&](int u) {
+      const int h = kRe ? 0 : u;
       const int64_t i = (static_cast<int64_t>(u) * tpr + lane) * V;
       if (active && i < D) {
         if constexpr (kPipe) {
-          widen16<T>(stage[u * B + t], xv[u]);
-          widen16<T>(stage[(NV + u) * B + t], gv[u]);
+          widen16<T>(stage[u * B + t], xv[h]);
+          widen16<T>(stage[(NV + u) * B + t], gv[h]);
         } else {
-          load_vec(x + off, i, D, vec, xv[u]);
-          load_vec(dy + off, i, D, vec, gv[u]);
+          load_vec(x + off, i, D, vec, xv[h]);
+          load_vec(dy + off, i, D, vec, gv[h]);
         }
       } else {
-        zero_vec<T>(xv[u]);
-        zero_vec<T>(gv[u]);
+        zero_vec<T>(xv[h]);
+        zero_vec<T>(gv[h]);
       }
+    };
+    if constexpr (!kRe) {
+#pragma unroll
+      for (int u = 0; u < NV; ++u) fetch(u);
     }
     const C* st = kPipe ? reinterpret_cast<const C*>(&stage[2 * NV * B + t]) : nullptr;
     const C mu = K == Kind::kLayer && active ? (kPipe ? st[0] : mean[row]) : C(0);
@@ -1180,10 +1225,26 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 2)
     C s[2] = {C(0), C(0)};
 #pragma unroll
     for (int u = 0; u < NV; ++u) {
+      const int h = kRe ? 0 : u, c = kShCols ? 0 : u;
+      if constexpr (kRe) fetch(u);
       const int64_t i = (static_cast<int64_t>(u) * tpr + lane) * V;
       C wv[V];
       load_w(w, i < D ? i : 0, D, vec, wv);
-      bwd_vec<T, K>(xv[u], gv[u], wv, i, active ? D : 0, mu, rho, s, cw[u], cb[u]);
+      if constexpr (kShCols) {
+#pragma unroll
+        for (int l = 0; l < V; ++l) {
+          cw[0][l] = want_w ? *col_slot<C, E>(cols, 0, u * V + l) : C(0);
+          cb[0][l] = want_b ? *col_slot<C, E>(cols, 1, u * V + l) : C(0);
+        }
+      }
+      bwd_vec<T, K>(xv[h], gv[h], wv, i, active ? D : 0, mu, rho, s, cw[c], cb[c]);
+      if constexpr (kShCols) {
+#pragma unroll
+        for (int l = 0; l < V; ++l) {
+          if (want_w) *col_slot<C, E>(cols, 0, u * V + l) = cw[0][l];
+          if (want_b) *col_slot<C, E>(cols, 1, u * V + l) = cb[0][l];
+        }
+      }
     }
     group_sum(s, tpr, red);
     const C kk = rho * rho * s[1] * inv_d;
@@ -1191,11 +1252,13 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 2)
     if (active) {
 #pragma unroll
       for (int u = 0; u < NV; ++u) {
+        const int h = kRe ? 0 : u;
         const int64_t i = (static_cast<int64_t>(u) * tpr + lane) * V;
         if (i < D) {
+          if constexpr (kRe) fetch(u);
           C wv[V], o[V];
           load_w(w, i, D, vec, wv);
-          dx_vec<T, K>(xv[u], gv[u], wv, w != nullptr, kk, cc, o);
+          dx_vec<T, K>(xv[h], gv[h], wv, w != nullptr, kk, cc, o);
           store_vec(dx + off, i, D, vec, o);
         }
       }
@@ -1206,7 +1269,8 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 2)
   if constexpr (!kPipe) {
     for (int64_t rb = first; rb < R; rb += step) one_row(rb, nullptr);  // rb uniform
   } else {
-    uint4* slots = reinterpret_cast<uint4*>(cols_raw + bwd_cols_bytes<T, NV>(B, want_w || want_b));
+    uint4* slots = reinterpret_cast<uint4*>(
+        cols_raw + (kStaged ? 0 : bwd_cols_bytes<T, NV>(B, want_w || want_b)));
     pipelined_rows<kBwdStages>(
         first, step, R, slots, bwd_pipe_slots<NV> * B,
         [&](uint4* stage, int64_t rb) {
@@ -1227,7 +1291,8 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 2)
         [&](const uint4* stage, int64_t rb) { one_row(rb, stage); });
   }
   if (!want_w && !want_b) return;  // uniform
-  put_cols(cols, cw, cb, want_w, want_b);
+  if constexpr (kStaged) __syncthreads();  // every thread's reads of its stages are done
+  if constexpr (!kShCols) put_cols(cols, cw, cb, want_w, want_b);
   __syncthreads();  // every thread's column sums are in place
   const int64_t prow = static_cast<int64_t>(blockIdx.x) * D;
   if (want_w) fold_cols<C, NV, V>(cols, 0, pdw + prow, 0, D, tpr_log2);
@@ -1937,11 +2002,13 @@ int log2_for(int64_t n, int64_t per) {
   return l;
 }
 
-/// Calls f(std::integral_constant<int, NV>) with NV in {1, 2, 4}, the smallest >= nv (<= max).
+/// Calls f(std::integral_constant<int, NV>) with NV in {1, 2, 4, 8}, the smallest >= nv (<=
+/// max).
 template <int kMax, class F> void with_vecs(int64_t nv, F&& f) {
   if (nv <= 1) f(std::integral_constant<int, 1>{});
   else if (nv <= 2 || kMax < 4) f(std::integral_constant<int, (kMax < 2 ? kMax : 2)>{});
-  else f(std::integral_constant<int, (kMax < 4 ? kMax : 4)>{});
+  else if (nv <= 4 || kMax < 8) f(std::integral_constant<int, (kMax < 4 ? kMax : 4)>{});
+  else f(std::integral_constant<int, (kMax < 8 ? kMax : 8)>{});
 }
 
 /// One norm call, host side: pointers are element 0 of contiguous tensors (null where absent).
@@ -2139,7 +2206,7 @@ template <class T, Kind K> void run_bwd_rows(const Job& j) {
       with_vecs<NVmax>(ceil_div(nv, tpr), [&](auto nvc) {
         constexpr int NV = decltype(nvc)::value;
         const size_t smem = bwd_cols_bytes<T, NV>(threads, need_w || need_b);
-        if constexpr (is_half_v<T>) {
+        if constexpr (kBwdPipeRows<T>) {
           if (vec) {
             auto* kernel = &bwd_rows_kernel<T, K, NV, true>;
             const size_t all =
@@ -2159,6 +2226,39 @@ template <class T, Kind K> void run_bwd_rows(const Job& j) {
       });
       fold_partials<C, T>(j, pdw, pdb, P, j.L, 1);
       return;
+    }
+  }
+  // The long aligned rows (kBwdLongVecs), where the device holds a block with its shared
+  // memory: the half types pipelined, f32 not (its stages would not fit).
+  if constexpr (kBwdLongVecs<T> > NVmax) {
+    const int64_t tn = kBwdMaxThreads;
+    if (vec && nv <= tn * kBwdLongVecs<T> && j.R >= kBwdLongRowBlocks) {
+      bool done = false;
+      with_vecs<kBwdLongVecs<T>>(ceil_div(nv, tn), [&](auto nvc) {
+        constexpr int NV = decltype(nvc)::value;
+        if constexpr (NV > NVmax) {
+          constexpr bool kPipe = is_half_v<T>;
+          auto* kernel = &bwd_rows_kernel<T, K, NV, kPipe>;
+          const size_t cols = bwd_cols_bytes<T, NV>(kBwdMaxThreads, need_w || need_b);
+          const size_t all =
+              kPipe ? std::max(cols, static_cast<size_t>(kBwdStages) * bwd_pipe_slots<NV> *
+                                         kBwdMaxThreads * 16)
+                    : cols;
+          if (resident_blocks(reinterpret_cast<const void*>(kernel), kBwdMaxThreads, all, 1,
+                              like.device().ordinal()) > 0) {
+            constexpr int64_t P = kBwdLongRowBlocks;
+            Tensor hw, hb;
+            C* pdw = need_w ? scratch<C>(hw, P * j.L, like) : nullptr;
+            C* pdb = need_b ? scratch<C>(hb, P * j.L, like) : nullptr;
+            kernel<<<static_cast<unsigned>(P), kBwdMaxThreads, all, j.st>>>(
+                x, w, mean, rstd, dy, dx, pdw, pdb, j.R, j.L, log2_for(nv, NV), inv_d, vec);
+            TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
+            fold_partials<C, T>(j, pdw, pdb, P, j.L, 1);
+            done = true;
+          }
+        }
+      });
+      if (done) return;
     }
   }
   // Chunks: (nch, sets) blocks for the sums, each set of rows one partial row of dw/db (at most

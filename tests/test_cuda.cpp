@@ -2015,9 +2015,17 @@ TEST_F(CudaFused, NormBackwardOpsMatchCpuAndAreDeterministic) {
       {OpId::layer_norm, OpId::layer_norm_bwd, Shape({3, 262147}), 1},
       {OpId::layer_norm, OpId::layer_norm_bwd, Shape({2051, 768}), 1},
       {OpId::layer_norm, OpId::layer_norm_bwd, Shape({6000, 768}), 1},
-      // aligned chunks (4 to 8 a row): the pipelined chunk kernels, 4 rows a sums block
+      // aligned long rows (bwd_rows_kernel, 512 threads: the half types 2 and 4 vectors a
+      // thread from their stages, f32 4 and 8 from memory; 12000: the last vectors absent),
+      // f64's chunks
       {OpId::rms_norm, OpId::rms_norm_bwd, Shape({300, 8192}), 1},
       {OpId::layer_norm, OpId::layer_norm_bwd, Shape({300, 8192}), 1},
+      {OpId::rms_norm, OpId::rms_norm_bwd, Shape({130, 12000}), 1},
+      {OpId::layer_norm, OpId::layer_norm_bwd, Shape({130, 12000}), 1},
+      // fewer rows than the long-row kernel's blocks: the chunk kernels (the half types'
+      // pipelined; 4 to 8 chunks a row), 4 rows a sums block
+      {OpId::rms_norm, OpId::rms_norm_bwd, Shape({100, 8192}), 1},
+      {OpId::layer_norm, OpId::layer_norm_bwd, Shape({100, 8192}), 1},
       {OpId::group_norm, OpId::group_norm_bwd, Shape({3, 8, 5, 7}), 4},
       {OpId::group_norm, OpId::group_norm_bwd, Shape({1, 16, 128, 129}), 4},
       {OpId::group_norm, OpId::group_norm_bwd, Shape({9, 64, 3, 3}), 32},
