@@ -1255,7 +1255,14 @@ __global__ void __launch_bounds__(kBwdMaxThreads,
         const int h = kRe ? 0 : u;
         const int64_t i = (static_cast<int64_t>(u) * tpr + lane) * V;
         if (i < D) {
-          if constexpr (kRe) fetch(u);
+          if constexpr (kRe) {  // x and dy again: d and u as bwd_vec made them
+            fetch(u);
+#pragma unroll
+            for (int l = 0; l < V; ++l) {
+              xv[0][l] = xv[0][l] - mu;
+              gv[0][l] = gv[0][l] * rho;
+            }
+          }
           C wv[V], o[V];
           load_w(w, i, D, vec, wv);
           dx_vec<T, K>(xv[h], gv[h], wv, w != nullptr, kk, cc, o);
