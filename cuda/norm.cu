@@ -1043,6 +1043,18 @@ __device__ __forceinline__ void bwd_vec(compute_t<T> (&xv)[kV<T>], compute_t<T> 
   }
 }
 
+/// d = x - mean (xv) and u = dy * rho (gv) of one vector, in place: bwd_vec_n's, for a vector of
+/// x and dy fetched again for its dx.
+template <class T>
+__device__ __forceinline__ void du_vec(compute_t<T> (&xv)[kV<T>], compute_t<T> (&gv)[kV<T>],
+                                       compute_t<T> mu, compute_t<T> rho) {
+#pragma unroll
+  for (int l = 0; l < kV<T>; ++l) {
+    xv[l] = xv[l] - mu;
+    gv[l] = gv[l] * rho;
+  }
+}
+
 /// dx of one vector from d (xv), u (gv), w, k and c: fma(u, w, fma(d, -k, -c)) (rms: d * -k).
 template <class T, Kind K>
 __device__ __forceinline__ void dx_vec(const compute_t<T> (&xv)[kV<T>],
@@ -1257,11 +1269,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads,
         if (i < D) {
           if constexpr (kRe) {  // x and dy again: d and u as bwd_vec made them
             fetch(u);
-#pragma unroll
-            for (int l = 0; l < V; ++l) {
-              xv[0][l] = xv[0][l] - mu;
-              gv[0][l] = gv[0][l] * rho;
-            }
+            du_vec<T>(xv[0], gv[0], mu, rho);
           }
           C wv[V], o[V];
           load_w(w, i, D, vec, wv);
@@ -1489,11 +1497,7 @@ __global__ void __launch_bounds__(kBlock)
           load_vec(dy + off, i, hi, vec, gv);
         }
         load_w(w, i, hi, vec, wv);
-#pragma unroll
-        for (int l = 0; l < V; ++l) {
-          xv[l] = xv[l] - mu;
-          gv[l] = gv[l] * rho;
-        }
+        du_vec<T>(xv, gv, mu, rho);
         dx_vec<T, K>(xv, gv, wv, w != nullptr, kk, cc, o);
         store_vec(dx + off, i, hi, vec, o);
       }
