@@ -1152,6 +1152,14 @@ template <int NV> inline constexpr int bwd_pipe_slots = 2 * NV + 1;
 template <class T> inline constexpr int kBwdLongVecs = sizeof(T) <= 4 ? 32 / kV<T> : kBwdVecs<T>;
 constexpr int64_t kBwdLongRowBlocks = 128;
 template <class T, int NV> inline constexpr bool kBwdRefetch = NV > kBwdVecs<T>;
+/// The half types' long rows keep w in shared memory past their stages (copied once a block),
+/// and take 2 stages, so that the two fit (bf16 D = 16384: 147 KB of stages and 32 KB of w).
+/// Run 49's ncu had them with 3 stages and w read per row and vector through an L1 that the
+/// stages' 221 KB left too small for it (L1 hit rate 23 %): 40 % of their stall cycles waited
+/// on L1TEX (global and local) results, at a quarter occupancy and 0.74 eligible warps a
+/// scheduler (bf16 rms 4096x16384: 238.5 us, 1.64 TB/s).
+template <class T, int NV, bool kPipe>
+inline constexpr int kBwdRowStages = kBwdRefetch<T, NV> && kPipe ? 2 : kBwdStages;
 
 /// Rows held in registers. x, dy, dx: (R, D); mean (layer), rstd: (R); pdw, pdb (or null):
 /// (gridDim.x, D) column partials. Groups of tpr threads as fwd_rows_kernel; the block's groups
@@ -1161,9 +1169,9 @@ template <class T, int NV> inline constexpr bool kBwdRefetch = NV > kBwdVecs<T>;
 /// kPipe (aligned rows): each thread's vectors of x and dy, and its row's mean and rstd, are
 /// copied kBwdStages - 1 rows ahead into its own slots of the dynamic shared memory past the
 /// column sums (bwd_pipe_slots<NV> 16-byte slots a thread a stage); the long rows' (kBwdRefetch):
-/// at its start, the column sums taking the same memory after the rows. The long rows and f64's
-/// pipelined rows are bound to 128 registers (f64's spilled 84 bytes at 64; their 256-thread
-/// blocks are two an SM by shared memory either way).
+/// at its start, kBwdRowStages of them, then a copy of w; the column sums take the same memory
+/// after the rows. The long rows and f64's pipelined rows are bound to 128 registers (f64's
+/// spilled 84 bytes at 64; their 256-thread blocks are two an SM by shared memory either way).
 template <class T, Kind K, int NV, bool kPipe>
 __global__ void __launch_bounds__(kBwdMaxThreads,
                                   kBwdRefetch<T, NV> || (kPipe && sizeof(T) == 8) ? 1 : 2)
@@ -1184,6 +1192,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads,
   const int lane = static_cast<int>(threadIdx.x) & (tpr - 1);
   constexpr bool kRe = kBwdRefetch<T, NV>;
   constexpr bool kStaged = kRe && kPipe;  // the column sums reuse the stages' memory
+  constexpr int kS = kBwdRowStages<T, NV, kPipe>;
   // The long f32 rows keep their column sums in their slots of the shared memory (col_slot,
   // where put_cols would store them), registers holding one vector's at a time: NV = 8 vectors'
   // sums took 128 registers and spilled 400 bytes. The same adds in the same order.
@@ -1203,6 +1212,28 @@ __global__ void __launch_bounds__(kBwdMaxThreads,
     }
   }
   const int B = static_cast<int>(blockDim.x), t = static_cast<int>(threadIdx.x);
+  // kStaged: w's vectors in shared memory past the stages (whole vectors: the rows are aligned);
+  // its address is taken again at each use, which keeps it out of the registers.
+  auto w_copy = [&]() {
+    return reinterpret_cast<uint4*>(cols_raw) + kS * bwd_pipe_slots<NV> * blockDim.x;
+  };
+  if constexpr (kStaged) {
+    if (w) {  // uniform
+      const uint4* wg = reinterpret_cast<const uint4*>(w);
+      for (int64_t k = t; k < D / V; k += B) w_copy()[k] = wg[k];
+      __syncthreads();  // every vector of w in place before the first row reads it
+    }
+  }
+  // w's vector at element i < D (ones without w), from its copy when the rows keep one.
+  auto get_w = [&](int64_t i, C (&wv)[V]) {
+    if constexpr (kStaged) {
+      if (w) {
+        widen16<T>(w_copy()[i / V], wv);
+        return;
+      }
+    }
+    load_w(w, i, D, vec, wv);
+  };
   // One row group's row (rb uniform across the block); stage: its slots when kPipe. Vector u of
   // x and dy is fetched into registers once (the long rows: once for the sums, again for dx).
   constexpr int NH = kRe ? 1 : NV;  // vectors of x and of dy held across the row's sums
@@ -1241,7 +1272,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads,
       if constexpr (kRe) fetch(u);
       const int64_t i = (static_cast<int64_t>(u) * tpr + lane) * V;
       C wv[V];
-      load_w(w, i < D ? i : 0, D, vec, wv);
+      get_w(i < D ? i : 0, wv);
       if constexpr (kShCols) {
 #pragma unroll
         for (int l = 0; l < V; ++l) {
@@ -1272,7 +1303,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads,
             du_vec<T>(xv[0], gv[0], mu, rho);
           }
           C wv[V], o[V];
-          load_w(w, i, D, vec, wv);
+          get_w(i, wv);
           dx_vec<T, K>(xv[h], gv[h], wv, w != nullptr, kk, cc, o);
           store_vec(dx + off, i, D, vec, o);
         }
@@ -1286,7 +1317,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads,
   } else {
     uint4* slots = reinterpret_cast<uint4*>(
         cols_raw + (kStaged ? 0 : bwd_cols_bytes<T, NV>(B, want_w || want_b)));
-    pipelined_rows<kBwdStages>(
+    pipelined_rows<kS>(
         first, step, R, slots, bwd_pipe_slots<NV> * B,
         [&](uint4* stage, int64_t rb) {
           const int64_t row = rb + g;
@@ -2251,9 +2282,12 @@ template <class T, Kind K> void run_bwd_rows(const Job& j) {
           constexpr bool kPipe = is_half_v<T>;
           auto* kernel = &bwd_rows_kernel<T, K, NV, kPipe>;
           const size_t cols = bwd_cols_bytes<T, NV>(kBwdMaxThreads, need_w || need_b);
+          // The stages, then (kPipe) w's copy; the column sums reuse the memory at the end.
+          const size_t wsh = w ? static_cast<size_t>(j.L) * sizeof(T) : 0;
           const size_t all =
-              kPipe ? std::max(cols, static_cast<size_t>(kBwdStages) * bwd_pipe_slots<NV> *
-                                         kBwdMaxThreads * 16)
+              kPipe ? std::max(cols, static_cast<size_t>(kBwdRowStages<T, NV, kPipe>) *
+                                             bwd_pipe_slots<NV> * kBwdMaxThreads * 16 +
+                                         wsh)
                     : cols;
           if (resident_blocks(reinterpret_cast<const void*>(kernel), kBwdMaxThreads, all, 1,
                               like.device().ordinal()) > 0) {

@@ -131,6 +131,17 @@ inline constexpr int kStages = !is_half_v<T> ? 2 : (is_bwd(K) && !kWarp ? 2 : 3)
 constexpr int kPipeRowBlock = 512;
 template <class T, bool kWarp>
 inline constexpr int kPipeMinBlocks = sizeof(T) == 8 ? (kWarp ? 2 : 1) : (kWarp ? 3 : 2);
+/// The pipelined block rows' most threads a block, and the blocks an SM their register bound is
+/// set for. The half types' softmax backward takes blocks of 1024 threads, one an SM (the same
+/// 64 registers as two of 512): a row of 1024 threads (bf16 8193 <= D <= 16384) is one block
+/// and reduces through the block's barriers. Run 49's ncu (H100, bf16 4096x16384): as a cluster
+/// of two 512-thread blocks its warps spent a third of their stalls on the cluster barrier's
+/// memory fence, 165.6 us at 2.34 TB/s, where the forward's one-block rows took 2.44.
+template <class T, Kind K>
+inline constexpr int kPipeMaxThreads = is_half_v<T> && K == Kind::kBwd ? 1024 : kPipeRowBlock;
+template <class T, Kind K>
+inline constexpr int kPipeBlockMin =
+    kPipeMaxThreads<T, K> == kPipeRowBlock ? kPipeMinBlocks<T, false> : 1;
 /// Whether T's aligned on-chip rows take the pipelined kernels. f32 does not: its rows were at
 /// 90-100 % of the copy already, and pipelined they lost up to 11 % (H100, run 30 of
 /// docs/cuda.md: 4096x16384 forward 195.8 -> 216.6 us), while bf16 gained 19-26 % and f64 17-21 %.
@@ -138,12 +149,13 @@ template <class T> inline constexpr bool kPipeRows = !std::is_same_v<T, float>;
 template <class T, Kind K, bool kWarp> constexpr size_t pipe_smem(int threads) {
   return static_cast<size_t>(kStages<T, K, kWarp>) * kSlots<T, K> * threads * 16;
 }
-/// Threads a block of the pipelined block rows: kPipeRowBlock, or kRowBlock where that many
+/// Threads a block of the pipelined block rows: kPipeMaxThreads, or kRowBlock where that many
 /// threads' stages would pass the 227 KB a block may have on sm_90 (f64 log_softmax backward:
 /// 2 stages x 17 slots x 512 x 16 B = 278 KB; run 36 found it refused and run unpipelined).
 template <class T, Kind K>
 inline constexpr int kPipeBlock =
-    pipe_smem<T, K, false>(kPipeRowBlock) <= (size_t{227} << 10) ? kPipeRowBlock : kRowBlock;
+    pipe_smem<T, K, false>(kPipeMaxThreads<T, K>) <= (size_t{227} << 10) ? kPipeMaxThreads<T, K>
+                                                                          : kRowBlock;
 
 __host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -614,7 +626,7 @@ __global__ void __launch_bounds__(kWarpBlock, kPipeMinBlocks<T, true>)
 
 /// block_rows_kernel's rows, pipelined: one block (cluster of blocks) per row.
 template <class T, Kind K>
-__global__ void __launch_bounds__(kPipeRowBlock, kPipeMinBlocks<T, false>)
+__global__ void __launch_bounds__(kPipeMaxThreads<T, K>, kPipeBlockMin<T, K>)
     block_rows_pipe_kernel(RowArgs<T> a) {
   __shared__ alignas(16) unsigned char red[32 * sizeof(MaxSum<compute_t<T>>)];
   __shared__ alignas(16) unsigned char xch[2 * sizeof(MaxSum<compute_t<T>>)];

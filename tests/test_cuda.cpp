@@ -1960,8 +1960,10 @@ INSTANTIATE_TEST_SUITE_P(
 
 // The dedicated softmax backward ops on the GPU (their composed forms there) against the CPU
 // kernels, with the forward's saved (max, log-sum) from the CPU kernel; NaN rows included.
-// Rows unaligned (33, 4099) and aligned (1024: a warp's; 16384: a cluster's), few and many
-// (7000 rows: the pipelined kernels' blocks take about four each, so their stages are refilled).
+// Rows unaligned (33, 4099) and aligned (1024: a warp's; 16384: a block's of 1024 threads in the
+// half types' softmax backward, else a cluster's), few and many (7000 rows: the pipelined kernels'
+// blocks take about four each, so their stages are refilled; (200, 12000): the half types'
+// 1024-thread blocks take one or two rows, their last vectors absent).
 TEST_F(CudaFused, SoftmaxBackwardOpsMatchCpuKernels) {
   for (bool log : {false, true})
     for (DType dt : kFloatTypes) {
@@ -1971,7 +1973,7 @@ TEST_F(CudaFused, SoftmaxBackwardOpsMatchCpuKernels) {
       const KernelSlot& kf = op_def(fwd).kernels[static_cast<int>(DeviceKind::Cpu)];
       ASSERT_NE(kf.fn, nullptr);
       for (const auto& [R, D] : std::vector<std::pair<size_t, size_t>>{
-               {6, 33}, {6, 4099}, {6, 1024}, {6, 16384}, {7000, 520}}) {
+               {6, 33}, {6, 4099}, {6, 1024}, {6, 16384}, {7000, 520}, {200, 12000}}) {
         std::vector<double> x = values(Tensor::randn(Shape({R, D}), DType::F64, kCpu, 81));
         x[4] = kNaN;
         for (size_t i = 0; i < D; ++i) x[D + i] = -kInf;
