@@ -26,7 +26,8 @@
 #   profile    the SASS of softmax.cu and norm.cu (cuobjdump), and ncu's counters of the fused
 #              kernels of each PROFILE_CASES row (bench_cuda --fused-table --filter); keep the
 #              bench's L2 flush (reduce_rows_kernel) out of PROFILE_KERNELS (run 37 of
-#              docs/cuda.md profiled only it)
+#              docs/cuda.md profiled only it); NCU_EXTRA: more ncu arguments (e.g. "--section
+#              SourceCounters --print-details all": the hot instructions and their stalls)
 #   kernels    every kernel each KERNEL_CASES row launches, in order, with its GPU time (ncu's
 #              gpu__time_duration alone: one pass, no replayed sections), the flush's two
 #              kernels (reduce_rows_kernel, combine_partials_kernel; run 40) left out:
@@ -180,6 +181,7 @@ for step in "$@"; do
           -c "${NCU_COUNT:-3}" --section SpeedOfLight --section MemoryWorkloadAnalysis \
           --section Occupancy --section LaunchStats --section WarpStateStats \
           --section SchedulerStats --section InstructionStats --section ComputeWorkloadAnalysis \
+          ${NCU_EXTRA:-} \
           ./build/gpu/benches/bench_cuda --fused-table /tmp/prof.csv --filter "$c" \
           >"$OUT/ncu_${c//[,x]/_}.txt" 2>&1
         log "ncu rc=$?"
