@@ -55,7 +55,8 @@
 //   fwd_chunk_write_kernel  x, stats -> y (x again: from L2 when it fits)    2 n s
 //   fwd_chunk_grid_kernel   the two above in one cooperative launch          2 n s
 //   bwd_rows_kernel         x, dy -> dx, dw/db partials (P, D), P <= 512      3 n s
-//                           (the long rows: kBwdRefetch, P = 128)
+//                           (the long rows: kBwdRefetch, P = 128; f32 D > 8192 in clusters
+//                           of 2 blocks, P = 64)
 //   bwd_chunk_sums_kernel   x, dy -> row-chunk sums, dw/db partials          2 n s
 //   sums_merge_kernel       row sums of rows of > 256 partials               -
 //   bwd_chunk_dx_kernel     x, dy, sums -> dx                                3 n s
@@ -657,6 +658,31 @@ __device__ __forceinline__ C cluster_total(C v, C* red, C* slot) {
   return t;
 }
 
+/// The row's two sums s over the kCs blocks of a cluster, each block's (every thread of it
+/// holding them) written to `slots` (2 kCs values) in every block, then added in rank order by
+/// each (the same bits in all). The caller alternates between two sets of slots, so that a block
+/// one row ahead never writes over slots another block has still to read: it must first have
+/// passed the next row's barrier, which that block reaches after its reads.
+template <int kCs, class C> __device__ __forceinline__ void cluster_sums(C (&s)[2], C* slots) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cl = cg::this_cluster();
+  const int r = static_cast<int>(cl.block_rank());
+  if (threadIdx.x < static_cast<unsigned>(kCs)) {  // thread k writes into block k
+    C* p = cl.map_shared_rank(slots + 2 * r, static_cast<int>(threadIdx.x));
+    p[0] = s[0];
+    p[1] = s[1];
+  }
+  cl.sync();  // release / acquire: every block's sums are in every block's slots
+  C a = slots[0], b = slots[1];
+#pragma unroll
+  for (int k = 1; k < kCs; ++k) {
+    a += slots[2 * k];
+    b += slots[2 * k + 1];
+  }
+  s[0] = a;
+  s[1] = b;
+}
+
 /// Rows longer than 64 KB and at most kMaxCluster x 64 KB (16-byte aligned, L % V == 0), enough
 /// of them for kMinClusterBlocks blocks: a cluster of cs blocks per row (group norm's large
 /// groups, above all), block k holding the k-th slice of `slice` vectors in shared memory. The
@@ -1147,7 +1173,8 @@ template <int NV> inline constexpr int bwd_pipe_slots = 2 * NV + 1;
 /// column sums, so each vector of x and dy is fetched twice (kBwdRefetch): for the row's sums,
 /// then for dx. The half types' aligned rows are pipelined, and fetch both times from their
 /// stage (x and dy read once from memory: 3 n s bytes, where the chunks move 5 n s); the column
-/// sums reuse the stages' shared memory once the rows are done. f32 rows fetch from memory both
+/// sums reuse the stages' shared memory once the rows are done. So are f32's (kBwdLongPipe).
+/// The f32 rows that do not split into two halves of whole vectors fetch from memory both
 /// times, the second from the L2 (the rows in flight: 128 x 128 KB): 3 n s bytes from memory.
 template <class T> inline constexpr int kBwdLongVecs = sizeof(T) <= 4 ? 32 / kV<T> : kBwdVecs<T>;
 constexpr int64_t kBwdLongRowBlocks = 128;
@@ -1160,6 +1187,19 @@ template <class T, int NV> inline constexpr bool kBwdRefetch = NV > kBwdVecs<T>;
 /// scheduler (bf16 rms 4096x16384: 238.5 us, 1.64 TB/s).
 template <class T, int NV, bool kPipe>
 inline constexpr int kBwdRowStages = kBwdRefetch<T, NV> && kPipe ? 2 : kBwdStages;
+/// The long rows are pipelined where a block of kBwdMaxThreads threads holds their 2 stages and
+/// w's copy: the half types' rows and f32's of up to 4 vectors a thread (D <= 8192: 147 KB of
+/// stages, 32 KB of w). Longer f32 rows (D <= 16384) are split over a cluster of two such
+/// blocks, each pipelining its half of every row, the row's two sums added over the cluster
+/// (kBwdLongCluster). Run 52's ncu had the f32 rows, which fetched x and dy from memory a
+/// vector at a time, at 0.41 eligible warps a scheduler (layer f32 4096x16384 backward 462 us,
+/// 1.74 TB/s).
+template <int NV>
+inline constexpr bool kBwdLongPipe =
+    2 * static_cast<size_t>(bwd_pipe_slots<NV>) * kBwdMaxThreads * 16 +
+        static_cast<size_t>(kBwdMaxThreads) * NV * 16 <=
+    (size_t{227} << 10);
+template <int NV> inline constexpr int kBwdLongCluster = kBwdLongPipe<NV> ? 1 : 2;
 
 /// Rows held in registers. x, dy, dx: (R, D); mean (layer), rstd: (R); pdw, pdb (or null):
 /// (gridDim.x, D) column partials. Groups of tpr threads as fwd_rows_kernel; the block's groups
@@ -1172,7 +1212,7 @@ inline constexpr int kBwdRowStages = kBwdRefetch<T, NV> && kPipe ? 2 : kBwdStage
 /// at its start, kBwdRowStages of them, then a copy of w; the column sums take the same memory
 /// after the rows. The long rows and f64's pipelined rows are bound to 128 registers (f64's
 /// spilled 84 bytes at 64; their 256-thread blocks are two an SM by shared memory either way).
-template <class T, Kind K, int NV, bool kPipe>
+template <class T, Kind K, int NV, bool kPipe, int kCs = 1>
 __global__ void __launch_bounds__(kBwdMaxThreads,
                                   kBwdRefetch<T, NV> || (kPipe && sizeof(T) == 8) ? 1 : 2)
     bwd_rows_kernel(const T* __restrict__ x, const T* __restrict__ w,
@@ -1186,6 +1226,22 @@ __global__ void __launch_bounds__(kBwdMaxThreads,
   extern __shared__ __align__(16) unsigned char cols_raw[];
   C* cols = reinterpret_cast<C*>(cols_raw);
   const bool want_w = pdw != nullptr, want_b = pdb != nullptr;
+  // kCs > 1: block `rank` of each cluster takes the rank-th slice of D / kCs columns of the
+  // cluster's rows: from here on D is the slice's length, ld the rows' stride.
+  const int64_t ld = D;
+  int rank = 0;
+  __shared__ C xch[kCs > 1 ? 2 * kCs * 2 : 1];  // the row sums' exchange, two rows' slots
+  int par = 0;
+  if constexpr (kCs > 1) {
+    cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
+    rank = static_cast<int>(cl.block_rank());
+    D /= kCs;
+    x += rank * D;
+    dy += rank * D;
+    dx += rank * D;
+    if (w) w += rank * D;
+    cl.sync();  // every block of the cluster running before any writes to its shared memory
+  }
   const int tpr = 1 << tpr_log2;
   const int gpb = static_cast<int>(blockDim.x) >> tpr_log2;
   const int g = static_cast<int>(threadIdx.x) >> tpr_log2;
@@ -1240,7 +1296,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads,
   auto one_row = [&](int64_t rb, const uint4* stage) {
     const int64_t row = rb + g;
     const bool active = row < R;
-    const int64_t off = (active ? row : 0) * D;
+    const int64_t off = (active ? row : 0) * ld;
     C xv[NH][V], gv[NH][V];
     auto fetch = [&](int u) {
       const int h = kRe ? 0 : u;
@@ -1290,6 +1346,10 @@ __global__ void __launch_bounds__(kBwdMaxThreads,
       }
     }
     group_sum(s, tpr, red);
+    if constexpr (kCs > 1) {
+      cluster_sums<kCs>(s, xch + par * kCs * 2);
+      par ^= 1;
+    }
     const C kk = rho * rho * s[1] * inv_d;
     const C cc = s[0] * inv_d;
     if (active) {
@@ -1310,8 +1370,8 @@ __global__ void __launch_bounds__(kBwdMaxThreads,
       }
     }
   };
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * gpb;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * gpb;
+  const int64_t first = static_cast<int64_t>(blockIdx.x / kCs) * gpb;
+  const int64_t step = static_cast<int64_t>(gridDim.x / kCs) * gpb;
   if constexpr (!kPipe) {
     for (int64_t rb = first; rb < R; rb += step) one_row(rb, nullptr);  // rb uniform
   } else {
@@ -1326,8 +1386,8 @@ __global__ void __launch_bounds__(kBwdMaxThreads,
           for (int u = 0; u < NV; ++u) {
             const int64_t i = (static_cast<int64_t>(u) * tpr + lane) * V;
             if (i < D) {
-              cp_async<16>(&stage[u * B + t], x + row * D + i);
-              cp_async<16>(&stage[(NV + u) * B + t], dy + row * D + i);
+              cp_async<16>(&stage[u * B + t], x + row * ld + i);
+              cp_async<16>(&stage[(NV + u) * B + t], dy + row * ld + i);
             }
           }
           C* st = reinterpret_cast<C*>(&stage[2 * NV * B + t]);
@@ -1340,7 +1400,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads,
   if constexpr (kStaged) __syncthreads();  // every thread's reads of its stages are done
   if constexpr (!kShCols) put_cols(cols, cw, cb, want_w, want_b);
   __syncthreads();  // every thread's column sums are in place
-  const int64_t prow = static_cast<int64_t>(blockIdx.x) * D;
+  const int64_t prow = static_cast<int64_t>(blockIdx.x / kCs) * ld + rank * D;
   if (want_w) fold_cols<C, NV, V>(cols, 0, pdw + prow, 0, D, tpr_log2);
   if (want_b) fold_cols<C, NV, V>(cols, 1, pdb + prow, 0, D, tpr_log2);
 }
@@ -2270,37 +2330,54 @@ template <class T, Kind K> void run_bwd_rows(const Job& j) {
       return;
     }
   }
-  // The long aligned rows (kBwdLongVecs), where the device holds a block with its shared
-  // memory: the half types pipelined, f32 not (its stages would not fit).
+  // The long aligned rows (kBwdLongVecs), where the device holds a block (a cluster) with its
+  // shared memory: pipelined where it holds their stages (kBwdLongPipe; f32 rows past that in
+  // clusters of two, kBwdLongCluster, where they split into whole vectors), else not.
   if constexpr (kBwdLongVecs<T> > NVmax) {
     const int64_t tn = kBwdMaxThreads;
     if (vec && nv <= tn * kBwdLongVecs<T> && j.R >= kBwdLongRowBlocks) {
       bool done = false;
+      // One launch with NV vectors a thread, in clusters of kCs blocks; false when the device
+      // does not hold it.
+      auto launch = [&](auto nvc, auto pipec, auto csc) {
+        constexpr int NV = decltype(nvc)::value, kCs = decltype(csc)::value;
+        constexpr bool kPipe = decltype(pipec)::value;
+        auto* kernel = &bwd_rows_kernel<T, K, NV, kPipe, kCs>;
+        const int64_t L = j.L / kCs;  // a block's columns
+        const size_t cols = bwd_cols_bytes<T, NV>(kBwdMaxThreads, need_w || need_b);
+        // The stages, then (kPipe) w's copy; the column sums reuse the memory at the end.
+        const size_t wsh = w ? static_cast<size_t>(L) * sizeof(T) : 0;
+        const size_t all =
+            kPipe ? std::max(cols, static_cast<size_t>(kBwdRowStages<T, NV, kPipe>) *
+                                           bwd_pipe_slots<NV> * kBwdMaxThreads * 16 +
+                                       wsh)
+                  : cols;
+        if (resident_blocks(reinterpret_cast<const void*>(kernel), kBwdMaxThreads, all, kCs,
+                            like.device().ordinal()) < kCs)
+          return false;
+        constexpr int64_t P = kBwdLongRowBlocks / kCs;  // partial rows: one a cluster
+        Tensor hw, hb;
+        C* pdw = need_w ? scratch<C>(hw, P * j.L, like) : nullptr;
+        C* pdb = need_b ? scratch<C>(hb, P * j.L, like) : nullptr;
+        launch_clustered(j.name, *j.in, kernel, static_cast<unsigned>(kBwdLongRowBlocks),
+                         kBwdMaxThreads, kCs, all, j.st, x, w, mean, rstd, dy, dx, pdw, pdb, j.R,
+                         j.L, log2_for(ceil_div(nv, kCs), NV), inv_d, vec);
+        fold_partials<C, T>(j, pdw, pdb, P, j.L, 1);
+        return true;
+      };
+      using std::integral_constant;
       with_vecs<kBwdLongVecs<T>>(ceil_div(nv, tn), [&](auto nvc) {
         constexpr int NV = decltype(nvc)::value;
         if constexpr (NV > NVmax) {
-          constexpr bool kPipe = is_half_v<T>;
-          auto* kernel = &bwd_rows_kernel<T, K, NV, kPipe>;
-          const size_t cols = bwd_cols_bytes<T, NV>(kBwdMaxThreads, need_w || need_b);
-          // The stages, then (kPipe) w's copy; the column sums reuse the memory at the end.
-          const size_t wsh = w ? static_cast<size_t>(j.L) * sizeof(T) : 0;
-          const size_t all =
-              kPipe ? std::max(cols, static_cast<size_t>(kBwdRowStages<T, NV, kPipe>) *
-                                             bwd_pipe_slots<NV> * kBwdMaxThreads * 16 +
-                                         wsh)
-                    : cols;
-          if (resident_blocks(reinterpret_cast<const void*>(kernel), kBwdMaxThreads, all, 1,
-                              like.device().ordinal()) > 0) {
-            constexpr int64_t P = kBwdLongRowBlocks;
-            Tensor hw, hb;
-            C* pdw = need_w ? scratch<C>(hw, P * j.L, like) : nullptr;
-            C* pdb = need_b ? scratch<C>(hb, P * j.L, like) : nullptr;
-            kernel<<<static_cast<unsigned>(P), kBwdMaxThreads, all, j.st>>>(
-                x, w, mean, rstd, dy, dx, pdw, pdb, j.R, j.L, log2_for(nv, NV), inv_d, vec);
-            TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
-            fold_partials<C, T>(j, pdw, pdb, P, j.L, 1);
-            done = true;
+          constexpr int kCs = kBwdLongCluster<NV>;
+          if constexpr (kCs > 1 && kBwdLongPipe<NV / kCs>) {
+            if (nv % kCs == 0)
+              done = launch(integral_constant<int, NV / kCs>{}, std::true_type{},
+                            integral_constant<int, kCs>{});
           }
+          if (!done)
+            done = launch(nvc, integral_constant<bool, kBwdLongPipe<NV>>{},
+                          integral_constant<int, 1>{});
         }
       });
       if (done) return;

@@ -2017,13 +2017,15 @@ TEST_F(CudaFused, NormBackwardOpsMatchCpuAndAreDeterministic) {
       {OpId::layer_norm, OpId::layer_norm_bwd, Shape({3, 262147}), 1},
       {OpId::layer_norm, OpId::layer_norm_bwd, Shape({2051, 768}), 1},
       {OpId::layer_norm, OpId::layer_norm_bwd, Shape({6000, 768}), 1},
-      // aligned long rows (bwd_rows_kernel, 512 threads: the half types 2 and 4 vectors a
-      // thread from their stages, f32 4 and 8 from memory; 12000: the last vectors absent),
-      // f64's chunks
+      // aligned long rows (bwd_rows_kernel, 512 threads, pipelined: the half types 2 and 4
+      // vectors a thread; f32 4, 8192 in one block, 12000 in a cluster of two blocks of 6000;
+      // 12000: the last vectors absent), f64's chunks; 12004: f32's 3001 vectors do not split
+      // in two, 8 a thread from memory (the half types' rows are not aligned: chunks)
       {OpId::rms_norm, OpId::rms_norm_bwd, Shape({300, 8192}), 1},
       {OpId::layer_norm, OpId::layer_norm_bwd, Shape({300, 8192}), 1},
       {OpId::rms_norm, OpId::rms_norm_bwd, Shape({130, 12000}), 1},
       {OpId::layer_norm, OpId::layer_norm_bwd, Shape({130, 12000}), 1},
+      {OpId::layer_norm, OpId::layer_norm_bwd, Shape({130, 12004}), 1},
       // fewer rows than the long-row kernel's blocks: the chunk kernels (the half types'
       // pipelined; 4 to 8 chunks a row), 4 rows a sums block
       {OpId::rms_norm, OpId::rms_norm_bwd, Shape({100, 8192}), 1},
