@@ -27,7 +27,9 @@
 #              kernels of each PROFILE_CASES row (bench_cuda --fused-table --filter); keep the
 #              bench's L2 flush (reduce_rows_kernel) out of PROFILE_KERNELS (run 37 of
 #              docs/cuda.md profiled only it); NCU_EXTRA: more ncu arguments (e.g. "--section
-#              SourceCounters --print-details all": the hot instructions and their stalls)
+#              SourceCounters --print-details all": the section's totals); NCU_SOURCE=1: also
+#              ncu's source page of each case (per SASS instruction: samples, stalls, shared
+#              wavefronts), ncu_src_<case>.csv.gz
 #   kernels    every kernel each KERNEL_CASES row launches, in order, with its GPU time (ncu's
 #              gpu__time_duration alone: one pass, no replayed sections), the flush's two
 #              kernels (reduce_rows_kernel, combine_partials_kernel; run 40) left out:
@@ -183,8 +185,21 @@ for step in "$@"; do
           --section SchedulerStats --section InstructionStats --section ComputeWorkloadAnalysis \
           ${NCU_EXTRA:-} \
           ./build/gpu/benches/bench_cuda --fused-table /tmp/prof.csv --filter "$c" \
-          >"$OUT/ncu_${c//[,x]/_}.txt" 2>&1
+          >"$OUT/ncu_${c//[,x\/]/_}.txt" 2>&1
         log "ncu rc=$?"
+        if [ -n "${NCU_SOURCE:-}" ]; then
+          # ncu's source page: every SASS instruction of the kernels with its samples and counters
+          # (the shared-memory wavefronts and stalls of each), from a saved report.
+          rep=/tmp/prof_${c//[^A-Za-z0-9]/_}
+          timeout "${NCU_SECONDS:-120}" ncu --clock-control none -k "regex:${PROFILE_KERNELS:-warp_rows|block_rows|stream_rows|fwd_rows|bwd_rows|chunk|gn_bwd|col_reduce|fwd_merge|sums_merge}" \
+            -c "${NCU_COUNT:-3}" --section SourceCounters --section WarpStateStats \
+            --import-source yes -f -o "$rep" \
+            ./build/gpu/benches/bench_cuda --fused-table /tmp/prof.csv --filter "$c" \
+            >"$OUT/ncu_src_${c//[^A-Za-z0-9]/_}.log" 2>&1
+          ncu -i "$rep.ncu-rep" --page source --csv --print-source sass 2>&1 |
+            gzip >"$OUT/ncu_src_${c//[^A-Za-z0-9]/_}.csv.gz"
+          log "ncu source page rc=${PIPESTATUS[0]}"
+        fi
       done
       ;;
     kernels)
@@ -194,7 +209,7 @@ for step in "$@"; do
         timeout "${NCU_SECONDS:-120}" ncu --clock-control none --metrics gpu__time_duration.sum \
           -k 'regex:^(?!reduce_rows_kernel|combine_partials_kernel)' -c "${KERNEL_COUNT:-40}" --csv \
           ./build/gpu/benches/bench_cuda --fused-table /tmp/prof.csv --filter "$c" \
-          >"$OUT/kernels_${c//[,x]/_}.csv" 2>&1
+          >"$OUT/kernels_${c//[,x\/]/_}.csv" 2>&1
         log "ncu rc=$?"
       done
       ;;
