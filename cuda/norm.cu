@@ -1187,6 +1187,12 @@ template <class T, int NV> inline constexpr bool kBwdRefetch = NV > kBwdVecs<T>;
 /// scheduler (bf16 rms 4096x16384: 238.5 us, 1.64 TB/s).
 template <class T, int NV, bool kPipe>
 inline constexpr int kBwdRowStages = kBwdRefetch<T, NV> && kPipe ? 2 : kBwdStages;
+/// A pipelined long-row block's dynamic shared memory: its kBwdRowStages stages, then w's copy
+/// (w_bytes). The column sums reuse the memory after the rows.
+template <class T, int NV> constexpr size_t bwd_long_smem(size_t w_bytes) {
+  constexpr size_t stage = static_cast<size_t>(bwd_pipe_slots<NV>) * kBwdMaxThreads * 16;
+  return kBwdRowStages<T, NV, true> * stage + w_bytes;
+}
 /// The long rows are pipelined where a block of kBwdMaxThreads threads holds their 2 stages and
 /// w's copy: the half types' rows and f32's of up to 4 vectors a thread (D <= 8192: 147 KB of
 /// stages, 32 KB of w). Longer f32 rows (D <= 16384) are split over a cluster of two such
@@ -1194,12 +1200,10 @@ inline constexpr int kBwdRowStages = kBwdRefetch<T, NV> && kPipe ? 2 : kBwdStage
 /// (kBwdLongCluster). Run 52's ncu had the f32 rows, which fetched x and dy from memory a
 /// vector at a time, at 0.41 eligible warps a scheduler (layer f32 4096x16384 backward 462 us,
 /// 1.74 TB/s).
-template <int NV>
+template <class T, int NV>
 inline constexpr bool kBwdLongPipe =
-    2 * static_cast<size_t>(bwd_pipe_slots<NV>) * kBwdMaxThreads * 16 +
-        static_cast<size_t>(kBwdMaxThreads) * NV * 16 <=
-    (size_t{227} << 10);
-template <int NV> inline constexpr int kBwdLongCluster = kBwdLongPipe<NV> ? 1 : 2;
+    bwd_long_smem<T, NV>(static_cast<size_t>(kBwdMaxThreads) * NV * 16) <= (size_t{227} << 10);
+template <class T, int NV> inline constexpr int kBwdLongCluster = kBwdLongPipe<T, NV> ? 1 : 2;
 
 /// Rows held in registers. x, dy, dx: (R, D); mean (layer), rstd: (R); pdw, pdb (or null):
 /// (gridDim.x, D) column partials. Groups of tpr threads as fwd_rows_kernel; the block's groups
@@ -2345,13 +2349,8 @@ template <class T, Kind K> void run_bwd_rows(const Job& j) {
         auto* kernel = &bwd_rows_kernel<T, K, NV, kPipe, kCs>;
         const int64_t L = j.L / kCs;  // a block's columns
         const size_t cols = bwd_cols_bytes<T, NV>(kBwdMaxThreads, need_w || need_b);
-        // The stages, then (kPipe) w's copy; the column sums reuse the memory at the end.
         const size_t wsh = w ? static_cast<size_t>(L) * sizeof(T) : 0;
-        const size_t all =
-            kPipe ? std::max(cols, static_cast<size_t>(kBwdRowStages<T, NV, kPipe>) *
-                                           bwd_pipe_slots<NV> * kBwdMaxThreads * 16 +
-                                       wsh)
-                  : cols;
+        const size_t all = kPipe ? std::max(cols, bwd_long_smem<T, NV>(wsh)) : cols;
         if (resident_blocks(reinterpret_cast<const void*>(kernel), kBwdMaxThreads, all, kCs,
                             like.device().ordinal()) < kCs)
           return false;
@@ -2369,14 +2368,14 @@ template <class T, Kind K> void run_bwd_rows(const Job& j) {
       with_vecs<kBwdLongVecs<T>>(ceil_div(nv, tn), [&](auto nvc) {
         constexpr int NV = decltype(nvc)::value;
         if constexpr (NV > NVmax) {
-          constexpr int kCs = kBwdLongCluster<NV>;
-          if constexpr (kCs > 1 && kBwdLongPipe<NV / kCs>) {
+          constexpr int kCs = kBwdLongCluster<T, NV>;
+          if constexpr (kCs > 1 && kBwdLongPipe<T, NV / kCs>) {
             if (nv % kCs == 0)
               done = launch(integral_constant<int, NV / kCs>{}, std::true_type{},
                             integral_constant<int, kCs>{});
           }
           if (!done)
-            done = launch(nvc, integral_constant<bool, kBwdLongPipe<NV>>{},
+            done = launch(nvc, integral_constant<bool, kBwdLongPipe<T, NV>>{},
                           integral_constant<int, 1>{});
         }
       });
