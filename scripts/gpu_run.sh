@@ -177,27 +177,29 @@ for step in "$@"; do
       done
       log "sass dumped"
       IFS=';' read -ra cases <<<"${PROFILE_CASES:-softmax,bf16,16384x1024,fused,fwd}"
+      kern="regex:${PROFILE_KERNELS:-warp_rows|block_rows|stream_rows|fwd_rows|bwd_rows|chunk|gn_bwd|col_reduce|fwd_merge|sums_merge}"
       for c in "${cases[@]}"; do
         log "ncu $c"
-        timeout "${NCU_SECONDS:-120}" ncu --clock-control none -k "regex:${PROFILE_KERNELS:-warp_rows|block_rows|stream_rows|fwd_rows|bwd_rows|chunk|gn_bwd|col_reduce|fwd_merge|sums_merge}" \
+        tag=${c//[,x\/]/_}
+        timeout "${NCU_SECONDS:-120}" ncu --clock-control none -k "$kern" \
           -c "${NCU_COUNT:-3}" --section SpeedOfLight --section MemoryWorkloadAnalysis \
           --section Occupancy --section LaunchStats --section WarpStateStats \
           --section SchedulerStats --section InstructionStats --section ComputeWorkloadAnalysis \
           ${NCU_EXTRA:-} \
           ./build/gpu/benches/bench_cuda --fused-table /tmp/prof.csv --filter "$c" \
-          >"$OUT/ncu_${c//[,x\/]/_}.txt" 2>&1
+          >"$OUT/ncu_$tag.txt" 2>&1
         log "ncu rc=$?"
         if [ -n "${NCU_SOURCE:-}" ]; then
           # ncu's source page: every SASS instruction of the kernels with its samples and counters
           # (the shared-memory wavefronts and stalls of each), from a saved report.
-          rep=/tmp/prof_${c//[^A-Za-z0-9]/_}
-          timeout "${NCU_SECONDS:-120}" ncu --clock-control none -k "regex:${PROFILE_KERNELS:-warp_rows|block_rows|stream_rows|fwd_rows|bwd_rows|chunk|gn_bwd|col_reduce|fwd_merge|sums_merge}" \
+          rep=/tmp/prof_$tag
+          timeout "${NCU_SECONDS:-120}" ncu --clock-control none -k "$kern" \
             -c "${NCU_COUNT:-3}" --section SourceCounters --section WarpStateStats \
             --import-source yes -f -o "$rep" \
             ./build/gpu/benches/bench_cuda --fused-table /tmp/prof.csv --filter "$c" \
-            >"$OUT/ncu_src_${c//[^A-Za-z0-9]/_}.log" 2>&1
+            >"$OUT/ncu_src_$tag.log" 2>&1
           ncu -i "$rep.ncu-rep" --page source --csv --print-source sass 2>&1 |
-            gzip >"$OUT/ncu_src_${c//[^A-Za-z0-9]/_}.csv.gz"
+            gzip >"$OUT/ncu_src_$tag.csv.gz"
           log "ncu source page rc=${PIPESTATUS[0]}"
         fi
       done
