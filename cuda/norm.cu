@@ -1028,6 +1028,16 @@ __global__ void __launch_bounds__(kBlock)
 
 // ---- backward: rms and layer norm ------------------------------------------------------------
 
+/// Thread t's staged statistic k (0: its row's mean, 1: its rstd) in a pipelined stage whose
+/// statistics start at 16-byte slot `first`: B slots, holding the B means, then the B rstds, each
+/// in thread order, so that a warp's cp.async of a statistic and its read of it touch 32
+/// consecutive words (f32). A 16-byte slot a thread, as before, spread them over 512 bytes:
+/// run 55's ncu counted 64 excess shared-memory wavefronts a warp a row in the bf16 backward rows.
+template <class C>
+__device__ __forceinline__ C* stat_slot(const uint4* stage, int first, int B, int t, int k) {
+  return const_cast<C*>(reinterpret_cast<const C*>(stage + first * B)) + k * B + t;
+}
+
 /// The per-element backward of one vector: d = x - mean (0 where absent), u = dy * rho; adds
 /// u * w and q * w to s, and q, dy to the thread's column sums cw, cb (registers: a thread's
 /// columns are the same on every row it takes); leaves d in xv and u in gv. kWhole: every
@@ -1161,7 +1171,8 @@ template <class T, int NV> constexpr size_t bwd_cols_bytes(int threads, bool wan
 /// 9 % faster, run 31; f64, whose rows were at 80-84 % of the copy in run 8, though its 512
 /// row blocks of 77 KB are not all resident at once (2 an SM): the second wave costs about 3 %
 /// against the blocks' rows in one; f32 rows are at 86-88 % unpipelined): their stages, and the
-/// 16-byte slots a thread has in each, NV of x, NV of dy and one for the row's mean and rstd.
+/// 16-byte slots a thread has in each: NV of x, NV of dy, and one for the row's mean and rstd
+/// (stat_slot: the block's slots hold the means, then the rstds, in thread order).
 template <class T>
 inline constexpr bool kBwdPipeRows = is_half_v<T> || std::is_same_v<T, double>;
 constexpr int kBwdStages = 3;
@@ -1322,9 +1333,10 @@ __global__ void __launch_bounds__(kBwdMaxThreads,
 #pragma unroll
       for (int u = 0; u < NV; ++u) fetch(u);
     }
-    const C* st = kPipe ? reinterpret_cast<const C*>(&stage[2 * NV * B + t]) : nullptr;
-    const C mu = K == Kind::kLayer && active ? (kPipe ? st[0] : mean[row]) : C(0);
-    const C rho = active ? (kPipe ? st[1] : rstd[row]) : C(0);
+    const C mu = K == Kind::kLayer && active
+                     ? (kPipe ? *stat_slot<C>(stage, 2 * NV, B, t, 0) : mean[row])
+                     : C(0);
+    const C rho = active ? (kPipe ? *stat_slot<C>(stage, 2 * NV, B, t, 1) : rstd[row]) : C(0);
     C s[2] = {C(0), C(0)};
 #pragma unroll
     for (int u = 0; u < NV; ++u) {
@@ -1394,9 +1406,9 @@ __global__ void __launch_bounds__(kBwdMaxThreads,
               cp_async<16>(&stage[(NV + u) * B + t], dy + row * ld + i);
             }
           }
-          C* st = reinterpret_cast<C*>(&stage[2 * NV * B + t]);
-          if constexpr (K == Kind::kLayer) cp_async<sizeof(C)>(st, mean + row);
-          cp_async<sizeof(C)>(st + 1, rstd + row);
+          if constexpr (K == Kind::kLayer)
+            cp_async<sizeof(C)>(stat_slot<C>(stage, 2 * NV, B, t, 0), mean + row);
+          cp_async<sizeof(C)>(stat_slot<C>(stage, 2 * NV, B, t, 1), rstd + row);
         },
         [&](const uint4* stage, int64_t rb) { one_row(rb, stage); });
   }
@@ -1411,7 +1423,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads,
 
 /// The pipelined chunk kernels' prefetch (aligned rows): thread t's vectors of x and dy in
 /// [lo, hi) of row `row` into its slots u * kBlock + t and (kBwdVecs + u) * kBlock + t of
-/// `stage`, and the row's mean (layer) and rstd into slot 2 kBwdVecs kBlock + t (cp.async).
+/// `stage`, and the row's mean (layer) and rstd into its stat_slot past them (cp.async).
 template <class T, Kind K>
 __device__ __forceinline__ void bwd_chunk_prefetch(uint4* stage, const T* __restrict__ x,
                                                    const T* __restrict__ dy,
@@ -1428,9 +1440,10 @@ __device__ __forceinline__ void bwd_chunk_prefetch(uint4* stage, const T* __rest
       cp_async<16>(&stage[(NV + u) * B + t], dy + row * D + i);
     }
   }
-  compute_t<T>* st = reinterpret_cast<compute_t<T>*>(&stage[2 * NV * B + t]);
-  if constexpr (K == Kind::kLayer) cp_async<sizeof(compute_t<T>)>(st, mean + row);
-  cp_async<sizeof(compute_t<T>)>(st + 1, rstd + row);
+  using C = compute_t<T>;
+  if constexpr (K == Kind::kLayer)
+    cp_async<sizeof(C)>(stat_slot<C>(stage, 2 * NV, B, t, 0), mean + row);
+  cp_async<sizeof(C)>(stat_slot<C>(stage, 2 * NV, B, t, 1), rstd + row);
 }
 
 /// Chunked sums. x, dy: (R, D) in chunks of cb = kBlock * kBwdVecs * V; block (c, k) takes chunk
@@ -1485,9 +1498,9 @@ __global__ void __launch_bounds__(kBlock)
         zero_vec<T>(gv[u]);
       }
     }
-    const C* st = kPipe ? reinterpret_cast<const C*>(&stage[2 * NV * B + t]) : nullptr;
-    const C mu = K == Kind::kLayer ? (kPipe ? st[0] : mean[r]) : C(0);
-    const C rho = kPipe ? st[1] : rstd[r];
+    const C mu =
+        K == Kind::kLayer ? (kPipe ? *stat_slot<C>(stage, 2 * NV, B, t, 0) : mean[r]) : C(0);
+    const C rho = kPipe ? *stat_slot<C>(stage, 2 * NV, B, t, 1) : rstd[r];
     C s[2] = {C(0), C(0)};
 #pragma unroll
     for (int u = 0; u < NV; ++u) {
@@ -1573,9 +1586,9 @@ __global__ void __launch_bounds__(kBlock)
       row_sums<T>(s, ps, ps + 1, 2, row * nch, nch, lane, 32, nullptr, 0, 1);
       lanes_sum(s, 32);
     }
-    const C* st = kPipe ? reinterpret_cast<const C*>(&stage[2 * NV * B + t]) : nullptr;
-    const C mu = K == Kind::kLayer ? (kPipe ? st[0] : mean[row]) : C(0);
-    const C rho = kPipe ? st[1] : rstd[row];
+    const C mu =
+        K == Kind::kLayer ? (kPipe ? *stat_slot<C>(stage, 2 * NV, B, t, 0) : mean[row]) : C(0);
+    const C rho = kPipe ? *stat_slot<C>(stage, 2 * NV, B, t, 1) : rstd[row];
     const C kk = rho * rho * s[1] * inv_d;
     const C cc = s[0] * inv_d;
     const int64_t off = row * D;
@@ -2031,9 +2044,8 @@ __global__ void __launch_bounds__(kBlock, 2)
           cp_async<16>(&stage[k * B + t], x + i);
           cp_async<16>(&stage[(NU + k) * B + t], dy + i);
         }
-        C* st = reinterpret_cast<C*>(&stage[2 * NU * B + t]);
-        cp_async<sizeof(C)>(st, mean + pc.row);
-        cp_async<sizeof(C)>(st + 1, rstd + pc.row);
+        cp_async<sizeof(C)>(stat_slot<C>(stage, 2 * NU, B, t, 0), mean + pc.row);
+        cp_async<sizeof(C)>(stat_slot<C>(stage, 2 * NU, B, t, 1), rstd + pc.row);
       },
       [&](const uint4* stage, int64_t item) {
         const GnPiece pc = gn_piece<T>(item, Cn, G, Cg, P);
@@ -2044,8 +2056,8 @@ __global__ void __launch_bounds__(kBlock, 2)
           widen16<T>(stage[k * B + t], xv[k]);
           widen16<T>(stage[(NU + k) * B + t], gv[k]);
         }
-        const C* st = reinterpret_cast<const C*>(&stage[2 * NU * B + t]);
-        const C mu = st[0], rho = st[1];
+        const C mu = *stat_slot<C>(stage, 2 * NU, B, t, 0);
+        const C rho = *stat_slot<C>(stage, 2 * NU, B, t, 1);
         if constexpr (!kDx) {
           gn_piece_sums<T>(xv, gv, mu, rho, red, item, pu, pq, pdy);
         } else {
