@@ -206,6 +206,14 @@ __device__ __forceinline__ void add_m2(const C (&v)[V], int64_t i, int64_t n, C 
 /// its group's totals, the same bits in each lane (IEEE addition commutes). Every lane of the
 /// warp must call it.
 template <int K, class C> __device__ __forceinline__ void lanes_sum(C (&v)[K], int width) {
+  if (width == 32) {  // a whole warp, the common case: unrolled (the same steps, no loop)
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
+    }
+    return;
+  }
   for (int off = width >> 1; off > 0; off >>= 1) {
 #pragma unroll
     for (int k = 0; k < K; ++k) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
