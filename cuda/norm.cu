@@ -269,9 +269,18 @@ template <class C> struct MeanM2 {
       return;
     }
     const double nt = n + nb;
+    // Equal counts (every merge of whole chunks): nb / nt = 0.5 and n nb / nt = n / 2 exactly
+    // (n^2 exact below 2^52), so the same bits without the two f64 divisions, which sit on the
+    // merge's chain of dependent steps (7 in a 64-chunk row) after the grid kernels' barrier.
+    const bool half = nb == n && n < 0x1p26;
+    double r1 = 0.5, r2 = 0.5 * n;
+    if (!half) {
+      r1 = nb / nt;
+      r2 = n * nb / nt;
+    }
     const C delta = mb - mean;
-    mean += delta * static_cast<C>(nb / nt);
-    m2 += m2b + delta * delta * static_cast<C>(n * nb / nt);
+    mean += delta * static_cast<C>(r1);
+    m2 += m2b + delta * delta * static_cast<C>(r2);
     n = nt;
   }
 };
