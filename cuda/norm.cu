@@ -121,8 +121,21 @@ constexpr int64_t kSplitMinLen = 4096;   ///< ... where "long" starts
 /// 1024-thread rows (H100, 4096x16384: rms 191.6 -> 202.7 us, layer 241.7 -> 263.6 us): their
 /// re-reads no longer all hit the L2.
 constexpr int64_t kLoopMaxBytes = 32 << 10;
-constexpr int kClusterThreads = 512;      ///< fwd_cluster_kernel: threads per block ...
-constexpr int64_t kSliceBytes = 64 << 10;  ///< ... and the most bytes of a row each block holds
+/// fwd_cluster_kernel: threads per block, 512, or 256 where a cluster of kMaxCluster such blocks
+/// holds the row ...
+constexpr int kClusterThreads = 512;
+/// ... each thread holding kSliceVecs 16-byte vectors of the row: a block's slice is 64 KB (32
+/// KB), three (seven) blocks an SM, so that more blocks, each a step behind another, keep loads
+/// in flight while others reduce ...
+constexpr int kSliceVecs = 8;
+constexpr int64_t kSliceBytes = int64_t{kClusterThreads} * kSliceVecs * 16;
+template <int B> inline constexpr int64_t kSliceBytesOf = int64_t{B} * kSliceVecs * 16;
+/// ... and as many blocks an SM as its 227 KB of shared memory hold (a slice and 1 KB the
+/// hardware reserves a block): the register bound that lets them all be resident. Unbound, the
+/// group norm kernels took 56 registers, two 512-thread blocks an SM (run 38's ncu: 46 %
+/// achieved occupancy, 36 % of the DRAM peak, bf16 (16, 32, 256, 256)/8).
+template <int B>
+inline constexpr int kClusterMinBlocks = static_cast<int>((227 << 10) / (kSliceBytesOf<B> + 1024 + 256));
 /// Blocks per row at most: 8, the portable cluster size (H100, f32 group norm (16, 32, 256,
 /// 256)/8 in clusters of 16: 157.0 -> 172.6 us, slower than the chunks) ...
 constexpr int kMaxCluster = 8;
@@ -701,23 +714,24 @@ template <int kCs, class C> __device__ __forceinline__ void cluster_sums(C (&s)[
 }
 
 /// Rows longer than 64 KB and at most kMaxCluster x 64 KB (16-byte aligned, L % V == 0), enough
-/// of them for kMinClusterBlocks blocks: a cluster of cs blocks per row (group norm's large
-/// groups, above all), block k holding the k-th slice of `slice` vectors in shared memory. The
+/// of them for kMinClusterBlocks blocks: a cluster of cs blocks of B threads per row (group
+/// norm's large groups, above all), block k holding the k-th slice of `slice` <= B kSliceVecs
+/// vectors in shared memory. The
 /// row is read from memory once (each thread's vectors loaded in one batch, all in flight
 /// together), the sum (rms: of squares) and then the sum of (x - mean)^2 are taken from shared
 /// memory and added over the cluster in rank order, and y is written from shared memory: 2 n s
 /// bytes, where the chunk plan read x twice (H100, bf16 group norm forward (16, 512, 64, 64)/32
 /// 103.3 -> 76.4 us, (16, 32, 256, 256)/8 111.8 -> 94.4 us; f32 (16, 512, 64, 64)/32 150.1 ->
 /// 135.3 us).
-template <class T, Kind K>
-__global__ void __launch_bounds__(kClusterThreads)
+template <class T, Kind K, int B>
+__global__ void __launch_bounds__(B, kClusterMinBlocks<B>)
     fwd_cluster_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                        T* __restrict__ y, compute_t<T>* __restrict__ mean,
                        compute_t<T>* __restrict__ rstd, int64_t L, int64_t S, int64_t G,
                        int64_t Cg, compute_t<T> eps, int64_t slice) {
   namespace cg = cooperative_groups;
   using C = compute_t<T>;
-  constexpr int V = kV<T>, B = kClusterThreads, U = kSliceBytes / 16 / kClusterThreads;
+  constexpr int V = kV<T>, U = kSliceVecs;
   extern __shared__ uint4 held[];  // this block's slice, raw
   __shared__ C red[B / 32];
   __shared__ C slots[2];  // this block's totals: the sum, then the sum of squares about the mean
@@ -2159,13 +2173,13 @@ struct Job {
   Tensor dw, db;  ///< backward outputs (undefined when not needed)
 };
 
-/// The most blocks per cluster (a power of two <= kMaxCluster) fwd_cluster_kernel<T, K> runs with
-/// on device `ordinal` (0: none): a cluster of that size resident with a full slice (its shared
-/// memory limit raised to kSliceBytes there).
-template <class T, Kind K> int cluster_limit(int ordinal) {
-  const void* kernel = reinterpret_cast<const void*>(&fwd_cluster_kernel<T, K>);
+/// The most blocks per cluster (a power of two <= kMaxCluster) fwd_cluster_kernel<T, K, B> runs
+/// with on device `ordinal` (0: none): a cluster of that size resident with a full slice (its
+/// shared memory limit raised to kSliceBytesOf<B> there).
+template <class T, Kind K, int B> int cluster_limit(int ordinal) {
+  const void* kernel = reinterpret_cast<const void*>(&fwd_cluster_kernel<T, K, B>);
   for (int cs = kMaxCluster; cs >= 2; cs /= 2)
-    if (resident_blocks(kernel, kClusterThreads, static_cast<size_t>(kSliceBytes), cs, ordinal) > 0)
+    if (resident_blocks(kernel, B, static_cast<size_t>(kSliceBytesOf<B>), cs, ordinal) > 0)
       return cs;
   return 0;
 }
@@ -2206,15 +2220,23 @@ template <class T, Kind K> void run_fwd(const Job& j) {
     return;
   }
   if (vec && row_bytes > kSliceBytes && row_bytes <= kMaxCluster * kSliceBytes) {
-    int cs = 2;
-    while (cs * kSliceBytes < row_bytes) cs *= 2;
-    if (j.R * cs >= kMinClusterBlocks && cs <= cluster_limit<T, K>((*j.in)[0].device().ordinal())) {
+    // Blocks of 256 threads (32 KB slices) where a cluster of kMaxCluster holds the row, else 512.
+    auto clustered = [&](auto bc) {
+      constexpr int B = decltype(bc)::value;
+      int cs = 2;
+      while (cs * kSliceBytesOf<B> < row_bytes) cs *= 2;
+      if (cs > kMaxCluster || j.R * cs < kMinClusterBlocks ||
+          cs > cluster_limit<T, K, B>((*j.in)[0].device().ordinal()))
+        return false;
       const int64_t slice = ceil_div(ceil_div(j.L, V), cs);  // vectors per block
-      launch_clustered(j.name, *j.in, &fwd_cluster_kernel<T, K>, grid1(j.name, j.R * cs),
-                       kClusterThreads, cs, static_cast<size_t>(slice) * 16, j.st, x, w, b, y,
-                       mean, rstd, j.L, j.S, j.G, j.Cg, eps, slice);
+      launch_clustered(j.name, *j.in, &fwd_cluster_kernel<T, K, B>, grid1(j.name, j.R * cs), B,
+                       cs, static_cast<size_t>(slice) * 16, j.st, x, w, b, y, mean, rstd, j.L,
+                       j.S, j.G, j.Cg, eps, slice);
+      return true;
+    };
+    if (clustered(std::integral_constant<int, kClusterThreads / 2>{}) ||
+        clustered(std::integral_constant<int, kClusterThreads>{}))
       return;
-    }
   }
   bool rows = (int64_t{1} << tl) <= kMaxRowThreads<T>;
   if (rows) {
