@@ -2047,8 +2047,14 @@ __global__ void __launch_bounds__(kBlock, 2)
 /// warp 0 and shared. The same operations, so the same bits, as those kernels, whose one-shot
 /// blocks kept little in flight: (16, 32, 256, 256)/8 bf16 at 53 % (sums) and 60 % (dx) of
 /// DRAM peak in run 38's ncu.
+/// gn_bwd_pipe_kernel's blocks an SM: as many as its shared memory holds (the half types' two
+/// vectors a thread: three), bounding the registers to that. Unbound, the dx kernels took 93
+/// (bf16) and 125 (f16) registers: two blocks an SM.
+template <class T>
+inline constexpr int kGnPipeMinBlocks = static_cast<int>(
+    (227 << 10) / (kBwdStages * bwd_pipe_slots<kFwdVecs<T>> * kBlock * 16 + 1024 + 256));
 template <class T, bool kDx>
-__global__ void __launch_bounds__(kBlock, 2)
+__global__ void __launch_bounds__(kBlock, kGnPipeMinBlocks<T>)
     gn_bwd_pipe_kernel(const T* __restrict__ x, const T* __restrict__ w,
                        const compute_t<T>* __restrict__ mean,
                        const compute_t<T>* __restrict__ rstd, const T* __restrict__ dy,
