@@ -125,17 +125,19 @@ constexpr int64_t kLoopMaxBytes = 32 << 10;
 /// holds the row ...
 constexpr int kClusterThreads = 512;
 /// ... each thread holding kSliceVecs 16-byte vectors of the row: a block's slice is 64 KB (32
-/// KB), three (seven) blocks an SM, so that more blocks, each a step behind another, keep loads
+/// KB), three (six) blocks an SM, so that more blocks, each a step behind another, keep loads
 /// in flight while others reduce ...
 constexpr int kSliceVecs = 8;
 constexpr int64_t kSliceBytes = int64_t{kClusterThreads} * kSliceVecs * 16;
 template <int B> inline constexpr int64_t kSliceBytesOf = int64_t{B} * kSliceVecs * 16;
-/// ... and as many blocks an SM as its 227 KB of shared memory hold (a slice and 1 KB the
-/// hardware reserves a block): the register bound that lets them all be resident. Unbound, the
-/// group norm kernels took 56 registers, two 512-thread blocks an SM (run 38's ncu: 46 %
-/// achieved occupancy, 36 % of the DRAM peak, bf16 (16, 32, 256, 256)/8).
+/// ... and as many blocks an SM as its 227 KB of shared memory hold (a slice, 1 KB the hardware
+/// reserves a block, under 256 bytes of static shared memory): the register bound that lets
+/// them all be resident. Unbound, the group norm kernels took 56 registers, two 512-thread
+/// blocks an SM (run 38's ncu: 46 % achieved occupancy, 36 % of the DRAM peak, bf16 (16, 32,
+/// 256, 256)/8; run 57: that forward 83.7 -> 67.1 us on an H200).
 template <int B>
-inline constexpr int kClusterMinBlocks = static_cast<int>((227 << 10) / (kSliceBytesOf<B> + 1024 + 256));
+inline constexpr int kClusterMinBlocks =
+    static_cast<int>((227 << 10) / (kSliceBytesOf<B> + 1024 + 256));
 /// Blocks per row at most: 8, the portable cluster size (H100, f32 group norm (16, 32, 256,
 /// 256)/8 in clusters of 16: 157.0 -> 172.6 us, slower than the chunks) ...
 constexpr int kMaxCluster = 8;
@@ -716,13 +718,12 @@ template <int kCs, class C> __device__ __forceinline__ void cluster_sums(C (&s)[
 /// Rows longer than 64 KB and at most kMaxCluster x 64 KB (16-byte aligned, L % V == 0), enough
 /// of them for kMinClusterBlocks blocks: a cluster of cs blocks of B threads per row (group
 /// norm's large groups, above all), block k holding the k-th slice of `slice` <= B kSliceVecs
-/// vectors in shared memory. The
-/// row is read from memory once (each thread's vectors loaded in one batch, all in flight
-/// together), the sum (rms: of squares) and then the sum of (x - mean)^2 are taken from shared
-/// memory and added over the cluster in rank order, and y is written from shared memory: 2 n s
-/// bytes, where the chunk plan read x twice (H100, bf16 group norm forward (16, 512, 64, 64)/32
-/// 103.3 -> 76.4 us, (16, 32, 256, 256)/8 111.8 -> 94.4 us; f32 (16, 512, 64, 64)/32 150.1 ->
-/// 135.3 us).
+/// vectors in shared memory. The row is read from memory once (each thread's vectors loaded in
+/// one batch, all in flight together), the sum (rms: of squares) and then the sum of
+/// (x - mean)^2 are taken from shared memory and added over the cluster in rank order, and y is
+/// written from shared memory: 2 n s bytes, where the chunk plan read x twice (H100, bf16
+/// group norm forward (16, 512, 64, 64)/32 103.3 -> 76.4 us, (16, 32, 256, 256)/8 111.8 -> 94.4
+/// us; f32 (16, 512, 64, 64)/32 150.1 -> 135.3 us).
 template <class T, Kind K, int B>
 __global__ void __launch_bounds__(B, kClusterMinBlocks<B>)
     fwd_cluster_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
@@ -1061,9 +1062,11 @@ __global__ void __launch_bounds__(kBlock)
 
 /// Thread t's staged statistic k (0: its row's mean, 1: its rstd) in a pipelined stage whose
 /// statistics start at 16-byte slot `first`: B slots, holding the B means, then the B rstds, each
-/// in thread order, so that a warp's cp.async of a statistic and its read of it touch 32
-/// consecutive words (f32). A 16-byte slot a thread, as before, spread them over 512 bytes:
-/// run 55's ncu counted 64 excess shared-memory wavefronts a warp a row in the bf16 backward rows.
+/// in thread order, so that a warp's read of a statistic touches 32 consecutive words (f32). It
+/// was meant to remove the 64 excess shared-memory wavefronts a warp a row that run 55's ncu
+/// counted in the bf16 backward rows; run 60's source page puts them on the two 4-byte cp.async
+/// copies themselves, 32 a warp (one a thread, every thread copying the same global word),
+/// whatever the slots' layout.
 template <class C>
 __device__ __forceinline__ C* stat_slot(const uint4* stage, int first, int B, int t, int k) {
   return const_cast<C*>(reinterpret_cast<const C*>(stage + first * B)) + k * B + t;
@@ -2037,6 +2040,14 @@ __global__ void __launch_bounds__(kBlock, 2)
   }
 }
 
+/// gn_bwd_pipe_kernel's blocks an SM: as many as its shared memory holds (the half types' two
+/// vectors a thread: three), bounding the registers to that. Unbound, the dx kernels took 93
+/// (bf16) and 125 (f16) registers: two blocks an SM (run 57: bf16 (16, 512, 64, 64)/32
+/// forward+backward 207.9 -> 186.2 us on an H200, with the forward cluster kernel's bound).
+template <class T>
+inline constexpr int kGnPipeMinBlocks = static_cast<int>(
+    (227 << 10) / (kBwdStages * bwd_pipe_slots<kFwdVecs<T>> * kBlock * 16 + 1024 + 256));
+
 /// The group norm backward's two kernels where every channel run is whole pieces of kBlock *
 /// kFwdVecs * V elements (S a multiple of that) and x, dy, dx are 16-byte aligned, but too many
 /// for one cooperative launch: a persistent grid over the pieces, item = (n * C + ch) * P + p,
@@ -2047,12 +2058,6 @@ __global__ void __launch_bounds__(kBlock, 2)
 /// warp 0 and shared. The same operations, so the same bits, as those kernels, whose one-shot
 /// blocks kept little in flight: (16, 32, 256, 256)/8 bf16 at 53 % (sums) and 60 % (dx) of
 /// DRAM peak in run 38's ncu.
-/// gn_bwd_pipe_kernel's blocks an SM: as many as its shared memory holds (the half types' two
-/// vectors a thread: three), bounding the registers to that. Unbound, the dx kernels took 93
-/// (bf16) and 125 (f16) registers: two blocks an SM.
-template <class T>
-inline constexpr int kGnPipeMinBlocks = static_cast<int>(
-    (227 << 10) / (kBwdStages * bwd_pipe_slots<kFwdVecs<T>> * kBlock * 16 + 1024 + 256));
 template <class T, bool kDx>
 __global__ void __launch_bounds__(kBlock, kGnPipeMinBlocks<T>)
     gn_bwd_pipe_kernel(const T* __restrict__ x, const T* __restrict__ w,
