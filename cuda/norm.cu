@@ -16,8 +16,9 @@
 //     128 of them: a block per row reads it in steps, three times, the second and third time
 //     from L2 (fwd_loop_kernel), so no row team needs more than one block.
 //   clusters (forward): aligned rows of 64 to 512 KB, enough for 256 blocks (group norm's large
-//     groups): a cluster of 2 to 8 blocks per row holds it in shared memory, 64 KB a block
-//     (fwd_cluster_kernel); read once, written once.
+//     groups): a cluster of 2 to 8 blocks per row holds it in shared memory, 32 KB a block of
+//     256 threads up to rows of 256 KB, else 64 KB a block of 512 (fwd_cluster_kernel); read
+//     once, written once.
 //   long rows (backward, bf16/f16/f32): aligned rows of 4097 to 16384, at least 128 of them,
 //     one a block of 512 threads at a time, 128 blocks, each vector of x and dy fetched twice
 //     (for the row's sums, then for dx): bf16/f16 from pipelined stages in shared memory, f32
