@@ -80,6 +80,10 @@ __device__ inline void report_bad_index(KernelErrorRecord* rec, OpId op, long lo
 /// Threads per block of the elementwise kernels.
 inline constexpr int kThreads = 256;
 
+/// The dynamic shared memory a block may have on sm_90, 227 KB (about what an SM holds for all
+/// its blocks).
+inline constexpr size_t kSmemPerBlock = size_t{227} << 10;
+
 /// Blocks for a grid-stride loop over n items: enough to fill every multiprocessor several
 /// times over, never more than the items need.
 unsigned grid_for(size_t n, int ordinal, int threads = kThreads);

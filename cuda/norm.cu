@@ -122,6 +122,12 @@ constexpr int64_t kSplitMinLen = 4096;   ///< ... where "long" starts
 /// 1024-thread rows (H100, 4096x16384: rms 191.6 -> 202.7 us, layer 241.7 -> 263.6 us): their
 /// re-reads no longer all hit the L2.
 constexpr int64_t kLoopMaxBytes = 32 << 10;
+/// Blocks of `bytes` of dynamic shared memory an SM holds: kSmemPerBlock over the block's bytes,
+/// the 1 KB the hardware reserves a block and under 256 bytes of static shared memory. Kernels
+/// bound their registers to let that many be resident.
+constexpr int smem_blocks(size_t bytes) {
+  return static_cast<int>(kSmemPerBlock / (bytes + 1024 + 256));
+}
 /// fwd_cluster_kernel: threads per block, 512, or 256 where a cluster of kMaxCluster such blocks
 /// holds the row ...
 constexpr int kClusterThreads = 512;
@@ -129,16 +135,12 @@ constexpr int kClusterThreads = 512;
 /// KB), three (six) blocks an SM, so that more blocks, each a step behind another, keep loads
 /// in flight while others reduce ...
 constexpr int kSliceVecs = 8;
-constexpr int64_t kSliceBytes = int64_t{kClusterThreads} * kSliceVecs * 16;
 template <int B> inline constexpr int64_t kSliceBytesOf = int64_t{B} * kSliceVecs * 16;
-/// ... and as many blocks an SM as its 227 KB of shared memory hold (a slice, 1 KB the hardware
-/// reserves a block, under 256 bytes of static shared memory): the register bound that lets
-/// them all be resident. Unbound, the group norm kernels took 56 registers, two 512-thread
-/// blocks an SM (run 38's ncu: 46 % achieved occupancy, 36 % of the DRAM peak, bf16 (16, 32,
-/// 256, 256)/8; run 57: that forward 83.7 -> 67.1 us on an H200).
-template <int B>
-inline constexpr int kClusterMinBlocks =
-    static_cast<int>((227 << 10) / (kSliceBytesOf<B> + 1024 + 256));
+/// ... and as many blocks an SM as its shared memory holds (smem_blocks). Unbound, the group
+/// norm kernels took 56 registers, two 512-thread blocks an SM (run 38's ncu: 46 % achieved
+/// occupancy, 36 % of the DRAM peak, bf16 (16, 32, 256, 256)/8; run 57: that forward 83.7 ->
+/// 67.1 us on an H200).
+template <int B> inline constexpr int kClusterMinBlocks = smem_blocks(kSliceBytesOf<B>);
 /// Blocks per row at most: 8, the portable cluster size (H100, f32 group norm (16, 32, 256,
 /// 256)/8 in clusters of 16: 157.0 -> 172.6 us, slower than the chunks) ...
 constexpr int kMaxCluster = 8;
@@ -222,18 +224,16 @@ __device__ __forceinline__ void add_m2(const C (&v)[V], int64_t i, int64_t n, C 
 /// its group's totals, the same bits in each lane (IEEE addition commutes). Every lane of the
 /// warp must call it.
 template <int K, class C> __device__ __forceinline__ void lanes_sum(C (&v)[K], int width) {
-  if (width == 32) {  // a whole warp, the common case: unrolled (the same steps, no loop)
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-#pragma unroll
-      for (int k = 0; k < K; ++k) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
-    }
-    return;
-  }
-  for (int off = width >> 1; off > 0; off >>= 1) {
+  auto step = [&](int off) {
 #pragma unroll
     for (int k = 0; k < K; ++k) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
+  };
+  if (width == 32) {  // a whole warp, the common case: unrolled (the same steps, no loop)
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) step(off);
+    return;
   }
+  for (int off = width >> 1; off > 0; off >>= 1) step(off);
 }
 
 /// Sums over aligned groups of tpr threads (a power of two <= blockDim.x): every thread ends
@@ -1248,7 +1248,7 @@ template <class T, int NV> constexpr size_t bwd_long_smem(size_t w_bytes) {
 /// 1.74 TB/s).
 template <class T, int NV>
 inline constexpr bool kBwdLongPipe =
-    bwd_long_smem<T, NV>(static_cast<size_t>(kBwdMaxThreads) * NV * 16) <= (size_t{227} << 10);
+    bwd_long_smem<T, NV>(static_cast<size_t>(kBwdMaxThreads) * NV * 16) <= kSmemPerBlock;
 template <class T, int NV> inline constexpr int kBwdLongCluster = kBwdLongPipe<T, NV> ? 1 : 2;
 
 /// Rows held in registers. x, dy, dx: (R, D); mean (layer), rstd: (R); pdw, pdb (or null):
@@ -2046,8 +2046,8 @@ __global__ void __launch_bounds__(kBlock, 2)
 /// (bf16) and 125 (f16) registers: two blocks an SM (run 57: bf16 (16, 512, 64, 64)/32
 /// forward+backward 207.9 -> 186.2 us on an H200, with the forward cluster kernel's bound).
 template <class T>
-inline constexpr int kGnPipeMinBlocks = static_cast<int>(
-    (227 << 10) / (kBwdStages * bwd_pipe_slots<kFwdVecs<T>> * kBlock * 16 + 1024 + 256));
+inline constexpr int kGnPipeMinBlocks =
+    smem_blocks(static_cast<size_t>(kBwdStages) * bwd_pipe_slots<kFwdVecs<T>> * kBlock * 16);
 
 /// The group norm backward's two kernels where every channel run is whole pieces of kBlock *
 /// kFwdVecs * V elements (S a multiple of that) and x, dy, dx are 16-byte aligned, but too many
@@ -2231,7 +2231,8 @@ template <class T, Kind K> void run_fwd(const Job& j) {
     TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
     return;
   }
-  if (vec && row_bytes > kSliceBytes && row_bytes <= kMaxCluster * kSliceBytes) {
+  constexpr int64_t kSlice = kSliceBytesOf<kClusterThreads>;  // the larger blocks' slice
+  if (vec && row_bytes > kSlice && row_bytes <= kMaxCluster * kSlice) {
     // Blocks of 256 threads (32 KB slices) where a cluster of kMaxCluster holds the row, else 512.
     auto clustered = [&](auto bc) {
       constexpr int B = decltype(bc)::value;

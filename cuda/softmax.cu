@@ -154,8 +154,8 @@ template <class T, Kind K, bool kWarp> constexpr size_t pipe_smem(int threads) {
 /// 2 stages x 17 slots x 512 x 16 B = 278 KB; run 36 found it refused and run unpipelined).
 template <class T, Kind K>
 inline constexpr int kPipeBlock =
-    pipe_smem<T, K, false>(kPipeMaxThreads<T, K>) <= (size_t{227} << 10) ? kPipeMaxThreads<T, K>
-                                                                          : kRowBlock;
+    pipe_smem<T, K, false>(kPipeMaxThreads<T, K>) <= kSmemPerBlock ? kPipeMaxThreads<T, K>
+                                                                    : kRowBlock;
 
 __host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
