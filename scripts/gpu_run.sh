@@ -46,6 +46,8 @@ mkdir -p "$OUT"
 D=/opt/taperdeps
 T0=$SECONDS
 log() { echo "== [$((SECONDS - T0)) s] $*" | tee -a "$OUT/summary.txt"; }
+# A bench case ("op,dtype,shape,path,pass") as a file-name tag (the profile and kernels steps)
+case_tag() { local c=${1//[,x\/]/_}; echo "$c"; }
 # "N passed, N failed, N skipped" from a gtest log (the FAILED lines themselves are listed apart)
 counts() {
   echo "$(grep -oE '^\[  PASSED  \] [0-9]+' "$1" | grep -oE '[0-9]+$') passed," \
@@ -180,7 +182,7 @@ for step in "$@"; do
       kern="regex:${PROFILE_KERNELS:-warp_rows|block_rows|stream_rows|fwd_rows|bwd_rows|chunk|gn_bwd|col_reduce|fwd_merge|sums_merge}"
       for c in "${cases[@]}"; do
         log "ncu $c"
-        tag=${c//[,x\/]/_}
+        tag=$(case_tag "$c")
         timeout "${NCU_SECONDS:-120}" ncu --clock-control none -k "$kern" \
           -c "${NCU_COUNT:-3}" --section SpeedOfLight --section MemoryWorkloadAnalysis \
           --section Occupancy --section LaunchStats --section WarpStateStats \
@@ -211,7 +213,7 @@ for step in "$@"; do
         timeout "${NCU_SECONDS:-120}" ncu --clock-control none --metrics gpu__time_duration.sum \
           -k 'regex:^(?!reduce_rows_kernel|combine_partials_kernel)' -c "${KERNEL_COUNT:-40}" --csv \
           ./build/gpu/benches/bench_cuda --fused-table /tmp/prof.csv --filter "$c" \
-          >"$OUT/kernels_${c//[,x\/]/_}.csv" 2>&1
+          >"$OUT/kernels_$(case_tag "$c").csv" 2>&1
         log "ncu rc=$?"
       done
       ;;
