@@ -39,6 +39,8 @@
 #              PyTorch's (scripts/bench_train_torch.py, which does not import taper) beside them
 #              (TRAIN_TORCH=0: taper's cells only)
 # Usage: bash scripts/gpu_run.sh test sanitize bench
+# Each call configures and builds first (95-140 s on a fresh machine, seconds on a warm one):
+# a time limit put around a call covers that build too (run 64 of docs/cuda.md lost its tests so).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out/gpu}
@@ -83,14 +85,16 @@ for step in "$@"; do
   case "$step" in
     test)
       log "CUDA suites (and the device-aware CPU ones)"
-      ./build/gpu/tests/taper_tests --gtest_filter="${TEST_FILTER:-Cuda*:Devices*:Registry*:NnOptim*:Errors*:*HalfGrad*:FusedGrad*:*Bf16Offset*:FusedSpecial*}" \
+      # stdbuf: what a run cut off by a time limit printed is kept (run 64 of docs/cuda.md)
+      stdbuf -oL ./build/gpu/tests/taper_tests \
+        --gtest_filter="${TEST_FILTER:-Cuda*:Devices*:Registry*:NnOptim*:Errors*:*HalfGrad*:FusedGrad*:*Bf16Offset*:FusedSpecial*}" \
         --gtest_brief=1 >"$OUT/test_cuda.log" 2>&1
       log "rc=$? : $(counts "$OUT/test_cuda.log")"
       grep -E '^\[  FAILED  \]' "$OUT/test_cuda.log" | cut -c1-150 | head -40
       ;;
     all-tests)
       log "whole suite"
-      ./build/gpu/tests/taper_tests --gtest_brief=1 >"$OUT/test_all.log" 2>&1
+      stdbuf -oL ./build/gpu/tests/taper_tests --gtest_brief=1 >"$OUT/test_all.log" 2>&1
       log "whole suite rc=$? : $(counts "$OUT/test_all.log")"
       grep -E '^\[  FAILED  \]' "$OUT/test_all.log" | cut -c1-150 | head -40
       ;;
