@@ -80,6 +80,9 @@ __device__ inline void report_bad_index(KernelErrorRecord* rec, OpId op, long lo
 /// Threads per block of the elementwise kernels.
 inline constexpr int kThreads = 256;
 
+/// ceil(a / b) for a >= 0, b > 0 (grid sizes, vectors, chunks), host and device.
+__host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 /// The dynamic shared memory a block may have on sm_90, 227 KB (about what an SM holds for all
 /// its blocks).
 inline constexpr size_t kSmemPerBlock = size_t{227} << 10;

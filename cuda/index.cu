@@ -58,8 +58,6 @@ constexpr int kBlock = 256;
 constexpr int64_t kSerialJ = 64;
 constexpr int64_t kSerialCols = 32768;
 
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 /// Stands for "no index operand" in the move kernels.
 struct NoIdx {};
 

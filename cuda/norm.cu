@@ -159,7 +159,6 @@ template <class T> inline constexpr int kFwdVecs = is_half_v<T> ? 2 : 4;
 /// ... and the rms/layer backward, which also keeps dy and two column sums (8 values; 4 f64).
 template <class T> inline constexpr int kBwdVecs = is_half_v<T> ? 1 : 2;
 
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 __device__ __forceinline__ int64_t dmin(int64_t a, int64_t b) { return a < b ? a : b; }
 
 // ---- loads, stores, sums -------------------------------------------------------------------

@@ -57,7 +57,6 @@ constexpr int64_t kMaxRowSplits = 4096;
 constexpr int64_t kMaxColSplits = 65535;  // gridDim.y
 constexpr int64_t kNone = std::numeric_limits<int64_t>::max();  ///< an arg state with no element
 
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int ceil_log2(int64_t v) {
   int l = 0;
   while ((int64_t{1} << l) < v) ++l;

@@ -157,8 +157,6 @@ inline constexpr int kPipeBlock =
     pipe_smem<T, K, false>(kPipeMaxThreads<T, K>) <= kSmemPerBlock ? kPipeMaxThreads<T, K>
                                                                     : kRowBlock;
 
-__host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 // ---- scalar helpers (overloaded on the compute type: no float in the f64 path) ---------------
 
 __device__ __forceinline__ float exp_c(float t) { return expf(t); }

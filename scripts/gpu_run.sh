@@ -48,8 +48,16 @@ mkdir -p "$OUT"
 D=/opt/taperdeps
 T0=$SECONDS
 log() { echo "== [$((SECONDS - T0)) s] $*" | tee -a "$OUT/summary.txt"; }
-# A bench case ("op,dtype,shape,path,pass") as a file-name tag (the profile and kernels steps)
-case_tag() { local c=${1//[,x\/]/_}; echo "$c"; }
+# A bench case ("op,dtype,shape,path,pass") as a file-name tag (the profile and kernels steps):
+# commas, slashes and the shape's x (between digits) as '_' (runs before session 22's end wrote
+# softmax as softma_).
+case_tag() {
+  local c=${1//[,\/]/_}
+  while [[ $c =~ ([0-9])x([0-9]) ]]; do
+    c=${c/${BASH_REMATCH[0]}/${BASH_REMATCH[1]}_${BASH_REMATCH[2]}}
+  done
+  echo "$c"
+}
 # "N passed, N failed, N skipped" from a gtest log (the FAILED lines themselves are listed apart)
 counts() {
   echo "$(grep -oE '^\[  PASSED  \] [0-9]+' "$1" | grep -oE '[0-9]+$') passed," \
