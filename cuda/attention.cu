@@ -999,7 +999,7 @@ template <class T> int mma_head(int64_t nd) {
 }
 
 dim3 mma_grid(int64_t bh, int64_t rows) {
-  return dim3(static_cast<unsigned>(bh), static_cast<unsigned>((rows + kMmaRows - 1) / kMmaRows));
+  return dim3(static_cast<unsigned>(bh), static_cast<unsigned>(ceil_div(rows, kMmaRows)));
 }
 
 /// Launches kKernel with `bytes` of dynamic shared memory. Past the default 48 KB the kernel's
@@ -1050,7 +1050,7 @@ template <class T> int reg_head(int64_t nd) {
 }
 
 dim3 reg_grid(int64_t bh, int64_t rows) {
-  return dim3(static_cast<unsigned>(bh), static_cast<unsigned>((rows + kRows - 1) / kRows));
+  return dim3(static_cast<unsigned>(bh), static_cast<unsigned>(ceil_div(rows, kRows)));
 }
 
 Strides4 strides4(const Tensor& t) {

@@ -143,7 +143,7 @@ void convert_view(const char* op, const std::vector<Tensor>& in, const Tensor& x
     const int64_t R = s.dims[k - 2], C = s.dims[k - 1];
     const int64_t sr = s.strides[0][k - 2], sc = s.strides[0][k - 1];
     const auto mag = [](int64_t v) { return v < 0 ? -v : v; };
-    const int64_t tiles_r = (R + kTile - 1) / kTile, tiles_c = (C + kTile - 1) / kTile;
+    const int64_t tiles_r = ceil_div(R, kTile), tiles_c = ceil_div(C, kTile);
     if (sc != 0 && mag(sc) > 8 && mag(sr) < mag(sc) && R >= 16 && C >= 16 && tiles_r <= 65535 &&
         tiles_c <= 0x7fffffff) {
       Strided<1> batch = s;  // the outer dims

@@ -2031,7 +2031,7 @@ __global__ void __launch_bounds__(kBlock, 2)
   // by the first blocks: no launch of their own. Every sum they read was written before the
   // barrier above.
   __shared__ C cred[kColY][kColX];
-  const int64_t ncol = (Cn + kColX - 1) / kColX;
+  const int64_t ncol = ceil_div(Cn, kColX);
   const int64_t nw = dw ? ncol : 0, nfold = nw + (db ? ncol : 0);
   for (int64_t f = blockIdx.x; f < nfold; f += gridDim.x) {  // uniform in the block
     if (f < nw) col_fold<kColX * kColY / kBlock, true>(pq, dw, N, Cn, P, f * kColX, cred);
