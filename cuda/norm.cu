@@ -1072,6 +1072,30 @@ __device__ __forceinline__ C* stat_slot(const uint4* stage, int first, int B, in
   return const_cast<C*>(reinterpret_cast<const C*>(stage + first * B)) + k * B + t;
 }
 
+/// The row's statistics into a stage (cp.async), by the first thread of each `lanes` (a power of
+/// two <= 32: a warp's threads of one row) only, which stat_get hands them on to by a shuffle.
+/// Every thread copying the same two words was served one thread at a time, 32 wavefronts a
+/// warp instruction (run 60's excess wavefronts).
+template <Kind K, class C>
+__device__ __forceinline__ void stat_copy(uint4* stage, int first, int B, int lanes,
+                                          const C* __restrict__ mean, const C* __restrict__ rstd,
+                                          int64_t row) {
+  const int t = static_cast<int>(threadIdx.x);
+  if ((t & (lanes - 1)) != 0) return;
+  if constexpr (K == Kind::kLayer)
+    cp_async<sizeof(C)>(stat_slot<C>(stage, first, B, t, 0), mean + row);
+  cp_async<sizeof(C)>(stat_slot<C>(stage, first, B, t, 1), rstd + row);
+}
+/// Statistic k of the calling thread's row from its stage (stat_copy's copy; `copied`: the
+/// copier's row was copied). Every thread of the warp must call it.
+template <class C>
+__device__ __forceinline__ C stat_get(const uint4* stage, int first, int B, int k, int lanes,
+                                      bool copied) {
+  const int t = static_cast<int>(threadIdx.x);
+  const C v = (t & (lanes - 1)) == 0 && copied ? *stat_slot<C>(stage, first, B, t, k) : C(0);
+  return __shfl_sync(0xffffffffu, v, (t & 31) & ~(lanes - 1));
+}
+
 /// The per-element backward of one vector: d = x - mean (0 where absent), u = dy * rho; adds
 /// u * w and q * w to s, and q, dy to the thread's column sums cw, cb (registers: a thread's
 /// columns are the same on every row it takes); leaves d in xv and u in gv. kWhole: every
@@ -1367,10 +1391,15 @@ __global__ void __launch_bounds__(kBwdMaxThreads,
 #pragma unroll
       for (int u = 0; u < NV; ++u) fetch(u);
     }
-    const C mu = K == Kind::kLayer && active
-                     ? (kPipe ? *stat_slot<C>(stage, 2 * NV, B, t, 0) : mean[row])
-                     : C(0);
-    const C rho = active ? (kPipe ? *stat_slot<C>(stage, 2 * NV, B, t, 1) : rstd[row]) : C(0);
+    C mu = C(0), rho = C(0);
+    if constexpr (kPipe) {
+      const int lanes = tpr < 32 ? tpr : 32;
+      if constexpr (K == Kind::kLayer) mu = stat_get<C>(stage, 2 * NV, B, 0, lanes, active);
+      rho = stat_get<C>(stage, 2 * NV, B, 1, lanes, active);
+    } else if (active) {
+      if constexpr (K == Kind::kLayer) mu = mean[row];
+      rho = rstd[row];
+    }
     C s[2] = {C(0), C(0)};
 #pragma unroll
     for (int u = 0; u < NV; ++u) {
@@ -1440,9 +1469,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads,
               cp_async<16>(&stage[(NV + u) * B + t], dy + row * ld + i);
             }
           }
-          if constexpr (K == Kind::kLayer)
-            cp_async<sizeof(C)>(stat_slot<C>(stage, 2 * NV, B, t, 0), mean + row);
-          cp_async<sizeof(C)>(stat_slot<C>(stage, 2 * NV, B, t, 1), rstd + row);
+          stat_copy<K>(stage, 2 * NV, B, tpr < 32 ? tpr : 32, mean, rstd, row);
         },
         [&](const uint4* stage, int64_t rb) { one_row(rb, stage); });
   }
@@ -1474,10 +1501,7 @@ __device__ __forceinline__ void bwd_chunk_prefetch(uint4* stage, const T* __rest
       cp_async<16>(&stage[(NV + u) * B + t], dy + row * D + i);
     }
   }
-  using C = compute_t<T>;
-  if constexpr (K == Kind::kLayer)
-    cp_async<sizeof(C)>(stat_slot<C>(stage, 2 * NV, B, t, 0), mean + row);
-  cp_async<sizeof(C)>(stat_slot<C>(stage, 2 * NV, B, t, 1), rstd + row);
+  stat_copy<K>(stage, 2 * NV, B, 32, mean, rstd, row);
 }
 
 /// Chunked sums. x, dy: (R, D) in chunks of cb = kBlock * kBwdVecs * V; block (c, k) takes chunk
@@ -1532,9 +1556,10 @@ __global__ void __launch_bounds__(kBlock)
         zero_vec<T>(gv[u]);
       }
     }
-    const C mu =
-        K == Kind::kLayer ? (kPipe ? *stat_slot<C>(stage, 2 * NV, B, t, 0) : mean[r]) : C(0);
-    const C rho = kPipe ? *stat_slot<C>(stage, 2 * NV, B, t, 1) : rstd[r];
+    const C mu = K == Kind::kLayer
+                     ? (kPipe ? stat_get<C>(stage, 2 * NV, B, 0, 32, true) : mean[r])
+                     : C(0);
+    const C rho = kPipe ? stat_get<C>(stage, 2 * NV, B, 1, 32, true) : rstd[r];
     C s[2] = {C(0), C(0)};
 #pragma unroll
     for (int u = 0; u < NV; ++u) {
@@ -1620,9 +1645,10 @@ __global__ void __launch_bounds__(kBlock)
       row_sums<T>(s, ps, ps + 1, 2, row * nch, nch, lane, 32, nullptr, 0, 1);
       lanes_sum(s, 32);
     }
-    const C mu =
-        K == Kind::kLayer ? (kPipe ? *stat_slot<C>(stage, 2 * NV, B, t, 0) : mean[row]) : C(0);
-    const C rho = kPipe ? *stat_slot<C>(stage, 2 * NV, B, t, 1) : rstd[row];
+    const C mu = K == Kind::kLayer
+                     ? (kPipe ? stat_get<C>(stage, 2 * NV, B, 0, 32, true) : mean[row])
+                     : C(0);
+    const C rho = kPipe ? stat_get<C>(stage, 2 * NV, B, 1, 32, true) : rstd[row];
     const C kk = rho * rho * s[1] * inv_d;
     const C cc = s[0] * inv_d;
     const int64_t off = row * D;
@@ -2086,8 +2112,7 @@ __global__ void __launch_bounds__(kBlock, kGnPipeMinBlocks<T>)
           cp_async<16>(&stage[k * B + t], x + i);
           cp_async<16>(&stage[(NU + k) * B + t], dy + i);
         }
-        cp_async<sizeof(C)>(stat_slot<C>(stage, 2 * NU, B, t, 0), mean + pc.row);
-        cp_async<sizeof(C)>(stat_slot<C>(stage, 2 * NU, B, t, 1), rstd + pc.row);
+        stat_copy<Kind::kLayer>(stage, 2 * NU, B, 32, mean, rstd, pc.row);
       },
       [&](const uint4* stage, int64_t item) {
         const GnPiece pc = gn_piece<T>(item, Cn, G, Cg, P);
@@ -2098,8 +2123,8 @@ __global__ void __launch_bounds__(kBlock, kGnPipeMinBlocks<T>)
           widen16<T>(stage[k * B + t], xv[k]);
           widen16<T>(stage[(NU + k) * B + t], gv[k]);
         }
-        const C mu = *stat_slot<C>(stage, 2 * NU, B, t, 0);
-        const C rho = *stat_slot<C>(stage, 2 * NU, B, t, 1);
+        const C mu = stat_get<C>(stage, 2 * NU, B, 0, 32, true);
+        const C rho = stat_get<C>(stage, 2 * NU, B, 1, 32, true);
         if constexpr (!kDx) {
           gn_piece_sums<T>(xv, gv, mu, rho, red, item, pu, pq, pdy);
         } else {
