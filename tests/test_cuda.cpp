@@ -1817,6 +1817,10 @@ TEST_P(CudaFusedForward, OnGpuMatchesCpuKernelComposedFormAndReference) {
     // Aligned rows, many more than the device holds at once: the pipelined row kernels'
     // blocks take 3 to 6 rows (row groups) each, so their three stages are refilled.
     shapes.push_back({Shape({14000, 520}), 1});
+    // Rows that fill every vector of their team (no padding): whole warps (1024) and teams of
+    // 8 lanes, four rows a warp, with refilled stages (3000 x 256).
+    shapes.push_back({Shape({67, 1024}), 1});
+    shapes.push_back({Shape({3000, 256}), 1});
   }
   if (op == FOp::GroupNorm) shapes.push_back({Shape({1, 16, 128, 129}), 4});  // few large groups
   uint64_t seed = 100;
