@@ -4,7 +4,8 @@
 # taper with CUDA for sm_90 with that machine's nvcc, then runs the steps asked for and writes
 # their logs to $OUT:
 #   test       the CUDA suites and the device-aware CPU ones, issue 14's precision seed cases
-#              among them (TEST_FILTER overrides)
+#              among them (TEST_FILTER overrides; it must match the parameterised suites'
+#              `Cuda/` prefix, as the default's Cuda* does: run 65's CudaFused* missed them)
 #   all-tests  the whole suite
 #   sanitize   compute-sanitizer memcheck (SANITIZE_FILTER) and racecheck (RACECHECK_FILTER);
 #              SANITIZE_TOOLS picks them (default "memcheck racecheck")
