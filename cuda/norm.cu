@@ -1319,6 +1319,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads,
   const int gpb = static_cast<int>(blockDim.x) >> tpr_log2;
   const int g = static_cast<int>(threadIdx.x) >> tpr_log2;
   const int lane = static_cast<int>(threadIdx.x) & (tpr - 1);
+  const int wlanes = tpr < 32 ? tpr : 32;  // a row's threads in one warp (stat_copy, stat_get)
   constexpr bool kRe = kBwdRefetch<T, NV>;
   constexpr bool kStaged = kRe && kPipe;  // the column sums reuse the stages' memory
   constexpr int kS = kBwdRowStages<T, NV, kPipe>;
@@ -1393,9 +1394,8 @@ __global__ void __launch_bounds__(kBwdMaxThreads,
     }
     C mu = C(0), rho = C(0);
     if constexpr (kPipe) {
-      const int lanes = tpr < 32 ? tpr : 32;
-      if constexpr (K == Kind::kLayer) mu = stat_get<C>(stage, 2 * NV, B, 0, lanes, active);
-      rho = stat_get<C>(stage, 2 * NV, B, 1, lanes, active);
+      if constexpr (K == Kind::kLayer) mu = stat_get<C>(stage, 2 * NV, B, 0, wlanes, active);
+      rho = stat_get<C>(stage, 2 * NV, B, 1, wlanes, active);
     } else if (active) {
       if constexpr (K == Kind::kLayer) mu = mean[row];
       rho = rstd[row];
@@ -1469,7 +1469,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads,
               cp_async<16>(&stage[(NV + u) * B + t], dy + row * ld + i);
             }
           }
-          stat_copy<K>(stage, 2 * NV, B, tpr < 32 ? tpr : 32, mean, rstd, row);
+          stat_copy<K>(stage, 2 * NV, B, wlanes, mean, rstd, row);
         },
         [&](const uint4* stage, int64_t rb) { one_row(rb, stage); });
   }
