@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(kBlock)
   Acc acc = op.identity();
   if (active) {
     const T* xr = x + row * n;
-    const int64_t nfull = n / kVec;            // whole vectors
+    const int64_t nfull = n / kVec;        // whole vectors
     const int64_t nv = ceil_div(n, kVec);  // and a partial last one
     const int64_t v0 = chunk * chunk_vecs;
     const int64_t v1 = v0 + chunk_vecs < nv ? v0 + chunk_vecs : nv;
