@@ -1082,7 +1082,7 @@ __device__ __forceinline__ void stat_copy(uint4* stage, int first, int B, int la
                                           int64_t row) {
   const int t = static_cast<int>(threadIdx.x);
   if ((t & (lanes - 1)) != 0) return;
-  if constexpr (K == Kind::kLayer)
+  if constexpr (K != Kind::kRms)  // rms rows keep no mean
     cp_async<sizeof(C)>(stat_slot<C>(stage, first, B, t, 0), mean + row);
   cp_async<sizeof(C)>(stat_slot<C>(stage, first, B, t, 1), rstd + row);
 }
@@ -2112,7 +2112,7 @@ __global__ void __launch_bounds__(kBlock, kGnPipeMinBlocks<T>)
           cp_async<16>(&stage[k * B + t], x + i);
           cp_async<16>(&stage[(NU + k) * B + t], dy + i);
         }
-        stat_copy<Kind::kLayer>(stage, 2 * NU, B, 32, mean, rstd, pc.row);
+        stat_copy<Kind::kGroup>(stage, 2 * NU, B, 32, mean, rstd, pc.row);
       },
       [&](const uint4* stage, int64_t item) {
         const GnPiece pc = gn_piece<T>(item, Cn, G, Cg, P);
