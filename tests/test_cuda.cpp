@@ -122,12 +122,6 @@ class CudaLarge : public OnCuda<::testing::Test> {};
 Tensor to_gpu(const Tensor& t) { return t.to_device(kGpu); }
 Tensor to_cpu(const Tensor& t) { return t.to_device(kCpu); }
 
-std::string param_name(std::string s) {
-  for (char& c : s)
-    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-  return s;
-}
-
 /// One tensor held the same way (shape, strides, offset) on the CPU and on the GPU.
 struct Both {
   Tensor cpu, gpu;
@@ -304,65 +298,6 @@ enum class Cmp {
   return ::testing::AssertionSuccess();
 }
 
-/// The unit roundoff of the type `dt` computes in: f32 for bf16/f16/f32, f64 for f64.
-double compute_u(DType dt) { return unit_roundoff(dt == DType::F64 ? DType::F64 : DType::F32); }
-
-/// The spacing of dtype dt's values in the binade of v (subnormal spacing below the normals).
-double ulp_at(DType dt, double v) {
-  int p = 53, emin = -1022;
-  switch (dt) {
-    case DType::BF16: p = 8, emin = -126; break;
-    case DType::F16: p = 11, emin = -14; break;
-    case DType::F32: p = 24, emin = -126; break;
-    default: break;
-  }
-  const double a = std::abs(v);
-  const int e = a > 0 && std::isfinite(a) ? std::max(std::ilogb(a), emin) : emin;
-  return std::ldexp(1.0, e - p + 1);
-}
-
-/// The smallest positive (subnormal) value of dt.
-double tiny_of(DType dt) {
-  switch (dt) {
-    case DType::BF16: return std::ldexp(1.0, -133);
-    case DType::F16: return std::ldexp(1.0, -24);
-    case DType::F32: return std::ldexp(1.0, -149);
-    default: return std::numeric_limits<double>::denorm_min();
-  }
-}
-
-/// Random integers of dt: u8 over [0, 255], u32 over [0, 2^32), i64 over +-2^40 (so that sqr
-/// wraps) with small values and the extremes mixed in.
-Tensor random_ints(const Shape& s, DType dt, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  const size_t n = s.elem_count();
-  switch (dt) {
-    case DType::U8: {
-      std::vector<uint8_t> v(n);
-      for (auto& e : v) e = static_cast<uint8_t>(rng());
-      return Tensor::from_vector(v, s);
-    }
-    case DType::U32: {
-      std::vector<uint32_t> v(n);
-      for (auto& e : v) e = static_cast<uint32_t>(rng());
-      return Tensor::from_vector(v, s);
-    }
-    default: {
-      std::vector<int64_t> v(n);
-      for (size_t i = 0; i < n; ++i) {
-        const int64_t r = static_cast<int64_t>(rng() >> 23) - (int64_t{1} << 40);
-        v[i] = (i % 5 == 0) ? r % 100 : r;
-      }
-      if (n > 3) {
-        v[1] = std::numeric_limits<int64_t>::min();
-        v[2] = std::numeric_limits<int64_t>::max();
-        v[3] = 0;
-      }
-      return Tensor::from_vector(v, s);
-    }
-  }
-}
-
 /// Random values of any dtype: floats uniform in [lo, hi), integers from random_ints.
 Tensor random_any(const Shape& s, DType dt, uint64_t seed, double lo = -2.0, double hi = 2.0) {
   return is_float(dt) ? random_tensor(s, dt, seed, lo, hi) : random_ints(s, dt, seed);
@@ -421,31 +356,6 @@ const IntUnarySpec kIntUnary[] = {
     {OpId::affine, 0.5, 1.25}, {OpId::clamp, 10.5, 200.2}, {OpId::clamp, -5, 1e30},
 };
 
-Tensor apply_unary(OpId op, const Tensor& x, double f0, double f1) {
-  switch (op) {
-    case OpId::neg: return -x;
-    case OpId::abs: return x.abs();
-    case OpId::exp: return x.exp();
-    case OpId::log: return x.log();
-    case OpId::sqrt: return x.sqrt();
-    case OpId::rsqrt: return x.rsqrt();
-    case OpId::recip: return x.recip();
-    case OpId::sqr: return x.sqr();
-    case OpId::tanh: return x.tanh();
-    case OpId::sigmoid: return x.sigmoid();
-    case OpId::relu: return x.relu();
-    case OpId::gelu: return x.gelu();
-    case OpId::gelu_erf: return x.gelu_erf();
-    case OpId::silu: return x.silu();
-    case OpId::sin: return x.sin();
-    case OpId::cos: return x.cos();
-    case OpId::powf: return x.powf(f0);
-    case OpId::affine: return x.affine(f0, f1);
-    case OpId::clamp: return x.clamp(f0, f1);
-    default: ADD_FAILURE() << "not a unary op"; return x;
-  }
-}
-
 /// Per-element bounds of a transcendental op's |gpu - cpu| (the file header's table).
 std::vector<double> unary_bounds(const UnarySpec& s, DType dt, const std::vector<double>& x,
                                  const std::vector<double>& g, const std::vector<double>& c) {
@@ -495,7 +405,7 @@ INSTANTIATE_TEST_SUITE_P(Cuda, CudaUnaryFloat,
                          ::testing::Combine(::testing::Range<size_t>(0, std::size(kUnary)),
                                             ::testing::ValuesIn(kFloatTypes)),
                          [](const ::testing::TestParamInfo<UnaryParam>& i) {
-                           return param_name(std::string(op_name(kUnary[std::get<0>(i.param)].op)) +
+                           return gtest_name(std::string(op_name(kUnary[std::get<0>(i.param)].op)) +
                                              "_" + std::string(dtype_name(std::get<1>(i.param))));
                          });
 
@@ -524,7 +434,7 @@ INSTANTIATE_TEST_SUITE_P(Cuda, CudaUnaryInt,
                                             ::testing::ValuesIn(kIntTypes)),
                          [](const ::testing::TestParamInfo<UnaryParam>& i) {
                            const size_t idx = std::get<0>(i.param);
-                           return param_name(std::string(op_name(kIntUnary[idx].op)) +
+                           return gtest_name(std::string(op_name(kIntUnary[idx].op)) +
                                              std::to_string(idx) + "_" +
                                              std::string(dtype_name(std::get<1>(i.param))));
                          });
@@ -594,24 +504,6 @@ constexpr OpId kBinaryOps[] = {OpId::add,     OpId::sub,     OpId::mul, OpId::di
                                OpId::maximum, OpId::minimum, OpId::eq,  OpId::ne,
                                OpId::lt,      OpId::le,      OpId::gt,  OpId::ge};
 
-Tensor apply_binary(OpId op, const Tensor& a, const Tensor& b) {
-  switch (op) {
-    case OpId::add: return a + b;
-    case OpId::sub: return a - b;
-    case OpId::mul: return a * b;
-    case OpId::div: return a / b;
-    case OpId::maximum: return a.maximum(b);
-    case OpId::minimum: return a.minimum(b);
-    case OpId::eq: return a.eq(b);
-    case OpId::ne: return a.ne(b);
-    case OpId::lt: return a.lt(b);
-    case OpId::le: return a.le(b);
-    case OpId::gt: return a.gt(b);
-    case OpId::ge: return a.ge(b);
-    default: ADD_FAILURE() << "not a binary op"; return a;
-  }
-}
-
 /// Operands of a binary case: random values, every third element of b equal to a's (ties for
 /// the comparisons); integer b has small values every third element (zeros and -1: divisors).
 std::pair<Tensor, Tensor> binary_operands(const Shape& s, DType dt, uint64_t seed) {
@@ -679,7 +571,7 @@ INSTANTIATE_TEST_SUITE_P(Cuda, CudaBinary,
                          ::testing::Combine(::testing::ValuesIn(kBinaryOps),
                                             ::testing::ValuesIn(kAllTypes)),
                          [](const ::testing::TestParamInfo<BinaryParam>& i) {
-                           return param_name(std::string(op_name(std::get<0>(i.param))) + "_" +
+                           return gtest_name(std::string(op_name(std::get<0>(i.param))) + "_" +
                                              std::string(dtype_name(std::get<1>(i.param))));
                          });
 
@@ -2120,13 +2012,6 @@ struct GradCase {
 
 Tensor r64(const Shape& s, uint64_t seed, double lo = -2.0, double hi = 2.0) {
   return random_tensor(s, DType::F64, seed, lo, hi);
-}
-// Values in ±[0.2, 2]: away from the kinks of abs, relu and friends.
-Tensor away_from_zero(const Shape& s, uint64_t seed) {
-  const Tensor m = r64(s, seed, 0.2, 2.0);
-  const Tensor sign = r64(s, seed + 1, -1.0, 1.0);
-  NoGradGuard ng;
-  return sign.gt(Tensor::zeros(Shape({1}), DType::F64)).where_cond(m, -m);
 }
 /// A CPU tensor captured by a case, moved to the device of `like`.
 Tensor on(const Tensor& t, const Tensor& like) { return t.to_device(like.device()); }

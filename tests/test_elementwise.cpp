@@ -72,21 +72,6 @@ double round_like(DType dt, double v) {
   }
 }
 
-/// Unit roundoff of the type a kernel computes `dt` in.
-double compute_roundoff(DType dt) {
-  return dt == DType::F64 ? unit_roundoff(DType::F64) : unit_roundoff(DType::F32);
-}
-
-/// The smallest positive (subnormal) value of dt: one flip of a subnormal result.
-double tiny_of(DType dt) {
-  switch (dt) {
-    case DType::BF16: return std::ldexp(1.0, -133);
-    case DType::F16: return std::ldexp(1.0, -24);
-    case DType::F32: return std::ldexp(1.0, -149);
-    default: return std::numeric_limits<double>::denorm_min();
-  }
-}
-
 /// Element i passes when got == want (NaN matching NaN, inf matching the same inf) or, for
 /// finite want, |got - want| <= bound[i]. The message names the first failure and its input.
 ::testing::AssertionResult check_elements(const std::vector<double>& in,
@@ -110,12 +95,6 @@ double tiny_of(DType dt) {
   if (first < in.size()) f << " (input " << in[first] << ")";
   f << ": got " << got[first] << " want " << want[first] << " bound " << bound[first];
   return f;
-}
-
-std::string param_name(std::string s) {
-  for (char& c : s)
-    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-  return s;
 }
 
 // ---- unary, float dtypes ---------------------------------------------------------------------
@@ -152,31 +131,6 @@ const UnarySpec kUnary[] = {
     {OpId::clamp, -2, 2, -0.5, 0.75, Scale::Exact, 0},
 };
 
-Tensor apply_unary(OpId op, const Tensor& x, double f0, double f1) {
-  switch (op) {
-    case OpId::neg: return -x;
-    case OpId::abs: return x.abs();
-    case OpId::exp: return x.exp();
-    case OpId::log: return x.log();
-    case OpId::sqrt: return x.sqrt();
-    case OpId::rsqrt: return x.rsqrt();
-    case OpId::recip: return x.recip();
-    case OpId::sqr: return x.sqr();
-    case OpId::tanh: return x.tanh();
-    case OpId::sigmoid: return x.sigmoid();
-    case OpId::relu: return x.relu();
-    case OpId::gelu: return x.gelu();
-    case OpId::gelu_erf: return x.gelu_erf();
-    case OpId::silu: return x.silu();
-    case OpId::sin: return x.sin();
-    case OpId::cos: return x.cos();
-    case OpId::powf: return x.powf(f0);
-    case OpId::affine: return x.affine(f0, f1);
-    case OpId::clamp: return x.clamp(f0, f1);
-    default: ADD_FAILURE() << "not a unary op"; return x;
-  }
-}
-
 /// Expected values and per-element bounds of a float unary op on inputs xv of dtype dt.
 void unary_expectation(const UnarySpec& s, DType dt, const std::vector<double>& xv,
                        std::vector<double>& want, std::vector<double>& bound) {
@@ -184,7 +138,7 @@ void unary_expectation(const UnarySpec& s, DType dt, const std::vector<double>& 
   attrs.f0 = s.f0;
   attrs.f1 = s.f1;
   const bool half = is_half(dt);
-  const double uc = compute_roundoff(dt);
+  const double uc = compute_u(dt);
   want.resize(xv.size());
   bound.resize(xv.size());
   for (size_t i = 0; i < xv.size(); ++i) {
@@ -244,7 +198,7 @@ TEST_P(UnaryFloatTest, MatchesReference) {
 
 std::string unary_name(const ::testing::TestParamInfo<UnaryParam>& info) {
   const auto [idx, dt] = info.param;
-  return param_name(std::string(op_name(kUnary[idx].op)) + "_" + std::string(dtype_name(dt)));
+  return gtest_name(std::string(op_name(kUnary[idx].op)) + "_" + std::string(dtype_name(dt)));
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -446,38 +400,6 @@ TEST(ElementwiseUnary, RankZeroAndEmptyTensors) {
 
 // ---- unary, integer dtypes -------------------------------------------------------------------
 
-/// Random integers of dt: u8 over [0, 255], u32 over [0, 2^32), i64 over +-2^40 (so that sqr
-/// wraps) with a few small values and the extremes.
-Tensor random_ints(const Shape& s, DType dt, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  const size_t n = s.elem_count();
-  switch (dt) {
-    case DType::U8: {
-      std::vector<uint8_t> v(n);
-      for (auto& e : v) e = static_cast<uint8_t>(rng());
-      return Tensor::from_vector(v, s);
-    }
-    case DType::U32: {
-      std::vector<uint32_t> v(n);
-      for (auto& e : v) e = static_cast<uint32_t>(rng());
-      return Tensor::from_vector(v, s);
-    }
-    default: {
-      std::vector<int64_t> v(n);
-      for (size_t i = 0; i < n; ++i) {
-        const int64_t r = static_cast<int64_t>(rng() >> 23) - (int64_t{1} << 40);
-        v[i] = (i % 5 == 0) ? r % 100 : r;
-      }
-      if (n > 3) {
-        v[1] = std::numeric_limits<int64_t>::min();
-        v[2] = std::numeric_limits<int64_t>::max();
-        v[3] = 0;
-      }
-      return Tensor::from_vector(v, s);
-    }
-  }
-}
-
 struct IntUnarySpec {
   OpId op;
   double f0, f1;
@@ -533,7 +455,7 @@ TEST_P(UnaryIntTest, MatchesReference) {
 
 std::string int_unary_name(const ::testing::TestParamInfo<IntUnaryParam>& info) {
   const auto [idx, dt] = info.param;
-  return param_name(std::string(op_name(kIntUnary[idx].op)) + std::to_string(idx) + "_" +
+  return gtest_name(std::string(op_name(kIntUnary[idx].op)) + std::to_string(idx) + "_" +
                     std::string(dtype_name(dt)));
 }
 
@@ -558,24 +480,6 @@ constexpr OpId kBinaryOps[] = {OpId::add, OpId::sub, OpId::mul, OpId::div,
 bool is_compare(OpId op) {
   return op == OpId::eq || op == OpId::ne || op == OpId::lt || op == OpId::le || op == OpId::gt ||
          op == OpId::ge;
-}
-
-Tensor apply_binary(OpId op, const Tensor& a, const Tensor& b) {
-  switch (op) {
-    case OpId::add: return a + b;
-    case OpId::sub: return a - b;
-    case OpId::mul: return a * b;
-    case OpId::div: return a / b;
-    case OpId::maximum: return a.maximum(b);
-    case OpId::minimum: return a.minimum(b);
-    case OpId::eq: return a.eq(b);
-    case OpId::ne: return a.ne(b);
-    case OpId::lt: return a.lt(b);
-    case OpId::le: return a.le(b);
-    case OpId::gt: return a.gt(b);
-    case OpId::ge: return a.ge(b);
-    default: ADD_FAILURE() << "not a binary op"; return a;
-  }
 }
 
 /// An integer partner for a: every third element equals a's (ties for the comparisons), every
@@ -671,7 +575,7 @@ TEST_P(BinaryTest, MatchesReference) {
 
 std::string binary_name(const ::testing::TestParamInfo<BinaryParam>& info) {
   const auto [op, dt] = info.param;
-  return param_name(std::string(op_name(op)) + "_" + std::string(dtype_name(dt)));
+  return gtest_name(std::string(op_name(op)) + "_" + std::string(dtype_name(dt)));
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -36,10 +36,12 @@
 namespace taper {
 namespace {
 
+using testing::compute_u;
 using testing::for_each_target;
 using testing::LayoutKind;
 using testing::test_devices;
 using testing::ThreadsGuard;
+using testing::ulp_at;
 using testing::unit_roundoff;
 using testing::values;
 using testing::with_layout;
@@ -67,23 +69,6 @@ const char* fop_name(FOp op) {
 }
 
 bool is_norm(FOp op) { return op == FOp::RmsNorm || op == FOp::LayerNorm || op == FOp::GroupNorm; }
-
-/// The spacing of dtype dt's values in the binade of v (subnormal spacing below the normals).
-double ulp_at(DType dt, double v) {
-  int p = 53, emin = -1022;
-  switch (dt) {
-    case DType::BF16: p = 8, emin = -126; break;
-    case DType::F16: p = 11, emin = -14; break;
-    case DType::F32: p = 24, emin = -126; break;
-    default: break;
-  }
-  const double a = std::abs(v);
-  const int e = a > 0 ? std::max(std::ilogb(a), emin) : emin;
-  return std::ldexp(1.0, e - p + 1);
-}
-
-/// The compute type's unit roundoff.
-double compute_u(DType dt) { return dt == DType::F64 ? std::ldexp(1.0, -53) : std::ldexp(1.0, -24); }
 
 /// The rounding-floor bound of the file header. `ulps` scales the first term (1/2: one correct
 /// rounding of the reference; 1: two independently rounded results compared with each other).

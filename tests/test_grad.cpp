@@ -22,14 +22,6 @@ struct GradCase {
 Tensor r(const Shape& s, uint64_t seed, double lo = -2.0, double hi = 2.0) {
   return random_tensor(s, DType::F64, seed, lo, hi);
 }
-// Values in +-[0.2, 2]: away from the kinks of abs, relu and friends.
-Tensor away_from_zero(const Shape& s, uint64_t seed) {
-  Tensor m = r(s, seed, 0.2, 2.0);
-  Tensor sign = r(s, seed + 1, -1.0, 1.0);
-  NoGradGuard ng;
-  const Tensor z = Tensor::zeros(Shape({1}), DType::F64);
-  return sign.gt(z).where_cond(m, -m);
-}
 Tensor idx(std::vector<int64_t> v, const Shape& s) { return Tensor::from_vector(v, s); }
 
 std::vector<GradCase> make_cases() {

@@ -1,6 +1,7 @@
 // test_util.cpp: implementation of the shared test helpers (test_util.h).
 #include "tests/test_util.h"
 
+#include <cctype>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -64,6 +65,116 @@ double unit_roundoff(DType dt) {
     case DType::F32: return std::ldexp(1.0, -24);
     case DType::F64: return std::ldexp(1.0, -53);
     default: return 0.0;
+  }
+}
+
+double compute_u(DType dt) { return unit_roundoff(dt == DType::F64 ? DType::F64 : DType::F32); }
+
+double ulp_at(DType dt, double v) {
+  int p = 53, emin = -1022;
+  switch (dt) {
+    case DType::BF16: p = 8, emin = -126; break;
+    case DType::F16: p = 11, emin = -14; break;
+    case DType::F32: p = 24, emin = -126; break;
+    default: break;
+  }
+  const double a = std::abs(v);
+  const int e = a > 0 && std::isfinite(a) ? std::max(std::ilogb(a), emin) : emin;
+  return std::ldexp(1.0, e - p + 1);
+}
+
+double tiny_of(DType dt) {
+  switch (dt) {
+    case DType::BF16: return std::ldexp(1.0, -133);
+    case DType::F16: return std::ldexp(1.0, -24);
+    case DType::F32: return std::ldexp(1.0, -149);
+    default: return std::numeric_limits<double>::denorm_min();
+  }
+}
+
+Tensor random_ints(const Shape& s, DType dt, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const size_t n = s.elem_count();
+  switch (dt) {
+    case DType::U8: {
+      std::vector<uint8_t> v(n);
+      for (auto& e : v) e = static_cast<uint8_t>(rng());
+      return Tensor::from_vector(v, s);
+    }
+    case DType::U32: {
+      std::vector<uint32_t> v(n);
+      for (auto& e : v) e = static_cast<uint32_t>(rng());
+      return Tensor::from_vector(v, s);
+    }
+    default: {
+      std::vector<int64_t> v(n);
+      for (size_t i = 0; i < n; ++i) {
+        const int64_t r = static_cast<int64_t>(rng() >> 23) - (int64_t{1} << 40);
+        v[i] = (i % 5 == 0) ? r % 100 : r;
+      }
+      if (n > 3) {
+        v[1] = std::numeric_limits<int64_t>::min();
+        v[2] = std::numeric_limits<int64_t>::max();
+        v[3] = 0;
+      }
+      return Tensor::from_vector(v, s);
+    }
+  }
+}
+
+Tensor away_from_zero(const Shape& s, uint64_t seed) {
+  const Tensor m = random_tensor(s, DType::F64, seed, 0.2, 2.0);
+  const Tensor sign = random_tensor(s, DType::F64, seed + 1, -1.0, 1.0);
+  NoGradGuard ng;
+  return sign.gt(Tensor::zeros(Shape({1}), DType::F64)).where_cond(m, -m);
+}
+
+std::string gtest_name(std::string s) {
+  for (char& c : s)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return s;
+}
+
+Tensor apply_unary(OpId op, const Tensor& x, double f0, double f1) {
+  switch (op) {
+    case OpId::neg: return -x;
+    case OpId::abs: return x.abs();
+    case OpId::exp: return x.exp();
+    case OpId::log: return x.log();
+    case OpId::sqrt: return x.sqrt();
+    case OpId::rsqrt: return x.rsqrt();
+    case OpId::recip: return x.recip();
+    case OpId::sqr: return x.sqr();
+    case OpId::tanh: return x.tanh();
+    case OpId::sigmoid: return x.sigmoid();
+    case OpId::relu: return x.relu();
+    case OpId::gelu: return x.gelu();
+    case OpId::gelu_erf: return x.gelu_erf();
+    case OpId::silu: return x.silu();
+    case OpId::sin: return x.sin();
+    case OpId::cos: return x.cos();
+    case OpId::powf: return x.powf(f0);
+    case OpId::affine: return x.affine(f0, f1);
+    case OpId::clamp: return x.clamp(f0, f1);
+    default: ADD_FAILURE() << "not a unary op"; return x;
+  }
+}
+
+Tensor apply_binary(OpId op, const Tensor& a, const Tensor& b) {
+  switch (op) {
+    case OpId::add: return a + b;
+    case OpId::sub: return a - b;
+    case OpId::mul: return a * b;
+    case OpId::div: return a / b;
+    case OpId::maximum: return a.maximum(b);
+    case OpId::minimum: return a.minimum(b);
+    case OpId::eq: return a.eq(b);
+    case OpId::ne: return a.ne(b);
+    case OpId::lt: return a.lt(b);
+    case OpId::le: return a.le(b);
+    case OpId::gt: return a.gt(b);
+    case OpId::ge: return a.ge(b);
+    default: ADD_FAILURE() << "not a binary op"; return a;
   }
 }
 

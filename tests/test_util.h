@@ -84,6 +84,31 @@ std::vector<double> values(const Tensor& t);
 /// The unit roundoff of a float dtype: bf16 2^-8, f16 2^-11, f32 2^-24, f64 2^-53.
 double unit_roundoff(DType dt);
 
+/// The unit roundoff of the type a kernel computes `dt` in: f32's for bf16/f16/f32, f64's for f64.
+double compute_u(DType dt);
+
+/// The spacing of dtype dt's values in the binade of finite v (subnormal spacing below the
+/// normals).
+double ulp_at(DType dt, double v);
+
+/// The smallest positive (subnormal) value of dt: one flip of a subnormal result.
+double tiny_of(DType dt);
+
+/// Random integers of dt: u8 over [0, 255], u32 over [0, 2^32), i64 over +-2^40 (so that sqr
+/// wraps) with small values and the extremes mixed in.
+Tensor random_ints(const Shape& s, DType dt, uint64_t seed);
+
+/// f64 values in +-[0.2, 2], random signs: away from the kinks of abs, relu and friends.
+Tensor away_from_zero(const Shape& s, uint64_t seed);
+
+/// s with every character but letters and digits made '_', as GoogleTest wants a case's name.
+std::string gtest_name(std::string s);
+
+/// Tensor's method of elementwise op `op` on x (attributes f0, f1 where it takes them), or on a
+/// and b; any other op fails the test.
+Tensor apply_unary(OpId op, const Tensor& x, double f0, double f1);
+Tensor apply_binary(OpId op, const Tensor& a, const Tensor& b);
+
 /// Passes when |got-ref| <= atol + rtol*|ref| elementwise (NaN matches NaN, inf matches inf of the
 /// same sign); the message names the first failing index and the worst error.
 ::testing::AssertionResult all_close(const std::vector<double>& got,
