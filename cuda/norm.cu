@@ -422,46 +422,71 @@ __device__ __forceinline__ void fwd_row(const T* __restrict__ x, const T* __rest
   constexpr int V = kV<T>;
   const int64_t off = (active ? row : 0) * L;
   const int Li = kAl ? static_cast<int>(L) : 0;  // kAl: the row's length, 32-bit
-  C v[NV][V];
+  // kAl: the raw words of x (from memory, or the stage's slots when kPipe) and of w, loaded
+  // before the row's sums, so that w's loads wait with x's rather than after them (b's stay
+  // in the store loop: registers); each pass widens x's words again (a shift or a mask a
+  // value, where the widened row took twice the registers).
+  uint4 xr[kAl ? NV : 1], wr[kAl ? NV : 1];
+  C v[kAl ? 1 : NV][V];
 #pragma unroll
   for (int u = 0; u < NV; ++u) {
-    const int i32 = (u * tpr + lane) * V;                           // kAl
-    const int64_t i = (static_cast<int64_t>(u) * tpr + lane) * V;  // otherwise
-    if (!active || (kAl ? i32 >= Li : i >= L)) {
-      zero_vec<T>(v[u]);
-    } else if constexpr (kPipe) {
-      widen16<T>(stage[u * static_cast<int>(blockDim.x) + threadIdx.x], v[u]);
-    } else if constexpr (kAl) {
-      load16<false>(x + off + i32, v[u]);
+    if constexpr (kAl) {
+      const int i = (u * tpr + lane) * V;
+      const bool in = i < Li;
+      const uint4 z = make_uint4(0, 0, 0, 0);
+      if constexpr (kPipe)
+        xr[u] = active && in ? stage[u * static_cast<int>(blockDim.x) + threadIdx.x] : z;
+      else
+        xr[u] = active && in ? __ldg(reinterpret_cast<const uint4*>(x + off + i)) : z;
+      wr[u] = w && in ? __ldg(reinterpret_cast<const uint4*>(w + i)) : z;
     } else {
-      load_vec(x + off, i, L, vec, v[u]);
+      const int64_t i = (static_cast<int64_t>(u) * tpr + lane) * V;
+      if (!active || i >= L) zero_vec<T>(v[u]);
+      else if constexpr (kPipe) widen16<T>(stage[u * static_cast<int>(blockDim.x) + threadIdx.x], v[u]);
+      else load_vec(x + off, i, L, vec, v[u]);
     }
   }
+  // Vector u's values (absent ones: zeros).
+  auto xv = [&](int u, C(&t)[V]) {
+    if constexpr (kAl) widen16<T>(xr[u], t);
+    else {
+#pragma unroll
+      for (int l = 0; l < V; ++l) t[l] = v[u][l];
+    }
+  };
   C mu = C(0), var;
   if constexpr (K == Kind::kRms) {
     C s[1] = {C(0)};
 #pragma unroll
-    for (int u = 0; u < NV; ++u)
+    for (int u = 0; u < NV; ++u) {
+      C t[V];
+      xv(u, t);
 #pragma unroll
-      for (int l = 0; l < V; ++l) s[0] = fma(v[u][l], v[u][l], s[0]);  // absent elements are 0
+      for (int l = 0; l < V; ++l) s[0] = fma(t[l], t[l], s[0]);  // absent elements are 0
+    }
     group_sum(s, tpr, red);
     var = s[0] / static_cast<C>(L);
   } else {
     C s[1] = {C(0)};
 #pragma unroll
-    for (int u = 0; u < NV; ++u)
+    for (int u = 0; u < NV; ++u) {
+      C t[V];
+      xv(u, t);
 #pragma unroll
-      for (int l = 0; l < V; ++l) s[0] += v[u][l];
+      for (int l = 0; l < V; ++l) s[0] += t[l];
+    }
     group_sum(s, tpr, red);
     mu = s[0] / static_cast<C>(L);
     C m[1] = {C(0)};
 #pragma unroll
     for (int u = 0; u < NV; ++u) {
+      C t[V];
+      xv(u, t);
       if constexpr (kAl) {
         // a whole vector (an absent one would add mu^2)
-        if ((u * tpr + lane) * V < Li) add_m2(v[u], 0, V, mu, m[0]);
+        if ((u * tpr + lane) * V < Li) add_m2(t, 0, V, mu, m[0]);
       } else {
-        add_m2(v[u], (static_cast<int64_t>(u) * tpr + lane) * V, L, mu, m[0]);
+        add_m2(t, (static_cast<int64_t>(u) * tpr + lane) * V, L, mu, m[0]);
       }
     }
     group_sum(m, tpr, red);  // red is free again: group_sum ends with a barrier
@@ -478,10 +503,11 @@ __device__ __forceinline__ void fwd_row(const T* __restrict__ x, const T* __rest
     for (int u = 0; u < NV; ++u) {
       const int i = (u * tpr + lane) * V;
       if (i < Li) {
-        C wv[V], bv[V], o[V];
-        if (w) load16<false>(w + i, wv);
+        C t[V], wv[V], bv[V], o[V];
+        xv(u, t);
+        widen16<T>(wr[u], wv);
         if (b) load16<false>(b + i, bv);
-        affine_vec<T>(v[u], wv, bv, w != nullptr, b != nullptr, mu, rs, o);
+        affine_vec<T>(t, wv, bv, w != nullptr, b != nullptr, mu, rs, o);
         store16<false, true>(y + off + i, o);
       }
     }
@@ -492,10 +518,12 @@ __device__ __forceinline__ void fwd_row(const T* __restrict__ x, const T* __rest
       const int64_t i = (static_cast<int64_t>(u) * tpr + lane) * V;
       if (i < L) {
         C o[V];
+        C t[V];
+        xv(u, t);
         if constexpr (K == Kind::kGroup)
-          group_affine<T>(v[u], o, i, L, S, (row % G) * Cg, w, b, mu, rs, small);
+          group_affine<T>(t, o, i, L, S, (row % G) * Cg, w, b, mu, rs, small);
         else
-          elem_affine<T>(v[u], o, i, L, w, b, mu, rs, vec);
+          elem_affine<T>(t, o, i, L, w, b, mu, rs, vec);
         store_vec(y + off, i, L, vec, o);
       }
     }
