@@ -499,6 +499,9 @@ __device__ __forceinline__ void fwd_row(const T* __restrict__ x, const T* __rest
     rstd[row] = rs;
   }
   if constexpr (kAl) {
+    // The row's start once (64-bit), offsets within it 32-bit; rms rows have no b.
+    T* const yr = y + off;
+    const T* const br = K == Kind::kRms ? nullptr : b;
 #pragma unroll
     for (int u = 0; u < NV; ++u) {
       const int i = (u * tpr + lane) * V;
@@ -506,9 +509,9 @@ __device__ __forceinline__ void fwd_row(const T* __restrict__ x, const T* __rest
         C t[V], wv[V], bv[V], o[V];
         xv(u, t);
         widen16<T>(wr[u], wv);
-        if (b) load16<false>(b + i, bv);
-        affine_vec<T>(t, wv, bv, w != nullptr, b != nullptr, mu, rs, o);
-        store16<false, true>(y + off + i, o);
+        if (br) load16<false>(br + i, bv);
+        affine_vec<T>(t, wv, bv, w != nullptr, br != nullptr, mu, rs, o);
+        store16<false, true>(yr + i, o);
       }
     }
   } else {
