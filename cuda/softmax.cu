@@ -255,6 +255,11 @@ struct WarpTeam {
   /// Every lane of the group gets op over the group: a down tree to the group's first lane,
   /// then a broadcast, so all lanes hold the same bits.
   template <class S, class Op> __device__ __forceinline__ S all_reduce(S v, Op op, int) const {
+    if (size == 32) {  // the long rows' whole warp: unrolled (the same tree)
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) v = op(v, shfl_down(v, off, 32));
+      return shfl_idx(v, 0, 32);
+    }
     for (int off = size >> 1; off > 0; off >>= 1) v = op(v, shfl_down(v, off, size));
     return shfl_idx(v, 0, size);
   }
@@ -346,22 +351,16 @@ __device__ __forceinline__ const uint4& slot(const uint4* stage, int arr, int k)
                static_cast<int>(threadIdx.x)];
 }
 
-/// A thread's NV on-chip vectors of array `arr`, as load_row, from its slots of a pipeline stage
-/// (kPipe; the row is aligned) or from `row` in global memory.
+/// A thread's NV on-chip vectors of array `arr`, as load_row: from its slots of a pipeline stage
+/// (kPipe; the row is aligned, and prefetch_row filled the slots past the row with `fill`, so
+/// every slot is read whatever n is) or from `row` in global memory.
 template <bool kPipe, bool kAl, class T, Kind K, int NV>
 __device__ __forceinline__ void get_row(const uint4* stage, int arr, const T* row, int n, int t,
                                         int G, compute_t<T> fill,
                                         compute_t<T> (&v)[NV][kVec<T>]) {
   if constexpr (kPipe) {
 #pragma unroll
-    for (int k = 0; k < NV; ++k) {
-      if ((t + k * G) * kVec<T> < n) {
-        widen16<T>(slot<T, K>(stage, arr, k), v[k]);
-      } else {
-#pragma unroll
-        for (int l = 0; l < kVec<T>; ++l) v[k][l] = fill;
-      }
-    }
+    for (int k = 0; k < NV; ++k) widen16<T>(slot<T, K>(stage, arr, k), v[k]);
   } else {
     load_row<T, NV>(row, n, t, G, kAl, fill, v);
   }
@@ -571,26 +570,41 @@ __global__ void __launch_bounds__(kRowBlock, 3) block_rows_kernel(RowArgs<T> a) 
 
 /// Issues the cp.async copies of one row (row < R when active) into the calling thread's slots
 /// of `stage`: its on-chip vectors of x (and dy), and in the backward the row's saved (m, l).
-/// Vectors past the row are not copied (get_row fills them).
+/// The slots of vectors past the row (all of them when inactive) get get_row's fill, x's -inf
+/// and dy's 0, as plain shared stores, so that get_row reads every slot without a test.
 template <class T, Kind K>
 __device__ __forceinline__ void prefetch_row(uint4* stage, const RowArgs<T>& a, int64_t row,
                                              bool active, int t, int G) {
-  if (!active) return;
   constexpr int V = kVec<T>, NV = kNv<T, K>;
-  const int n = static_cast<int>(a.D);
-  const int64_t off = row * a.D;
-  const int B = static_cast<int>(blockDim.x), i = static_cast<int>(threadIdx.x);
+  const int n = active ? static_cast<int>(a.D) : 0;
+  const int B = static_cast<int>(blockDim.x);
+  uint4* mine = stage + threadIdx.x;
+  if (n < NV * G * V) {  // a short row (or none): the padding slots (uniform across the team)
+#pragma unroll
+    for (int arr = 0; arr < kArrays<K>; ++arr) {
+      const uint4 fill = splat16<T>(arr == 0 ? -inf_c<compute_t<T>>() : compute_t<T>(0));
+#pragma unroll
+      for (int k = 0; k < NV; ++k)
+        if ((t + k * G) * V >= n) mine[(arr * NV + k) * B] = fill;
+    }
+  }
+  if (!active) return;
+  const int64_t off = row * a.D + t * V;
+  const bool whole = n >= NV * G * V;  // every vector is in the row: no test each
 #pragma unroll
   for (int arr = 0; arr < kArrays<K>; ++arr) {
     const T* p = (arr == 0 ? a.x : a.dy) + off;
+    if (whole) {
 #pragma unroll
-    for (int k = 0; k < NV; ++k) {
-      const int i0 = (t + k * G) * V;
-      if (i0 < n) cp_async<16>(&stage[(arr * NV + k) * B + i], p + i0);
+      for (int k = 0; k < NV; ++k) cp_async<16>(&mine[(arr * NV + k) * B], p + k * G * V);
+    } else {
+#pragma unroll
+      for (int k = 0; k < NV; ++k)
+        if ((t + k * G) * V < n) cp_async<16>(&mine[(arr * NV + k) * B], p + k * G * V);
     }
   }
   if constexpr (is_bwd(K))
-    cp_async<static_cast<int>(2 * sizeof(compute_t<T>))>(&stage[kArrays<K> * NV * B + i],
+    cp_async<static_cast<int>(2 * sizeof(compute_t<T>))>(&mine[kArrays<K> * NV * B],
                                                           a.st + 2 * row);
 }
 

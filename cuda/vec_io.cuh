@@ -130,6 +130,16 @@ __device__ __forceinline__ void store16(T* p, const compute_t<T> (&v)[kVec<T>]) 
   else *reinterpret_cast<uint4*>(p) = w;
 }
 
+/// A 16-byte vector of kVec<T> copies of v rounded to T (round_to's bits): a padding word.
+template <class T> __device__ __forceinline__ uint4 splat16(compute_t<T> v) {
+  T e[kVec<T>];
+#pragma unroll
+  for (int l = 0; l < kVec<T>; ++l) e[l] = store_c<T>(v);
+  uint4 w;
+  memcpy(&w, &e[0], 16);
+  return w;
+}
+
 /// cp.async: one 16-byte vector (gmem and smem 16-byte aligned) or one Bytes-sized word (4, 8;
 /// aligned to its size) copied from global to shared memory without holding a register, for the
 /// kernels that keep rows in flight ahead of their use. It lands once the issuing thread's
