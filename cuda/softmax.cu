@@ -255,11 +255,6 @@ struct WarpTeam {
   /// Every lane of the group gets op over the group: a down tree to the group's first lane,
   /// then a broadcast, so all lanes hold the same bits.
   template <class S, class Op> __device__ __forceinline__ S all_reduce(S v, Op op, int) const {
-    if (size == 32) {  // the long rows' whole warp: unrolled (the same tree)
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) v = op(v, shfl_down(v, off, 32));
-      return shfl_idx(v, 0, 32);
-    }
     for (int off = size >> 1; off > 0; off >>= 1) v = op(v, shfl_down(v, off, size));
     return shfl_idx(v, 0, size);
   }
@@ -626,9 +621,12 @@ __device__ __forceinline__ void pipe_rows(const RowArgs<T>& a, int64_t base, int
 }
 
 /// warp_rows_kernel's rows, pipelined: G = 2^glog2 lanes per row, 256 / G rows per block.
-template <class T, Kind K>
+/// kWarp32: glog2 is 5 (rows of a whole warp, the long ones), known to the compiler, which then
+/// folds the team's index arithmetic and unrolls its reductions.
+template <class T, Kind K, bool kWarp32>
 __global__ void __launch_bounds__(kWarpBlock, kPipeMinBlocks<T, true>)
-    warp_rows_pipe_kernel(RowArgs<T> a, int glog2) {
+    warp_rows_pipe_kernel(RowArgs<T> a, int glog2_arg) {
+  const int glog2 = kWarp32 ? 5 : glog2_arg;
   const int rows_per_block = kWarpBlock >> glog2;
   const WarpTeam team{1 << glog2, static_cast<int>(threadIdx.x) & ((1 << glog2) - 1)};
   pipe_rows<T, K>(a, static_cast<int64_t>(blockIdx.x) * rows_per_block,
@@ -852,7 +850,8 @@ void run_rows_al(const char* name, const std::vector<Tensor>& in, const RowArgs<
     const int64_t blocks = std::min(ceil_div(a.R, kWarpBlock >> glog2), kMaxGrid);
     if constexpr (kAl && kPipeRows<T>) {
       const size_t smem = pipe_smem<T, K, true>(kWarpBlock);
-      auto* kernel = &warp_rows_pipe_kernel<T, K>;
+      auto* kernel = glog2 == 5 ? &warp_rows_pipe_kernel<T, K, true>
+                                : &warp_rows_pipe_kernel<T, K, false>;
       const int resident = resident_blocks(reinterpret_cast<const void*>(kernel), kWarpBlock,
                                            smem, 1, in[0].device().ordinal());
       if (resident > 0) {
