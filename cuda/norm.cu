@@ -558,14 +558,17 @@ template <class T> inline constexpr int kPipeMinBlocks = 65536 / 64 / kMaxRowThr
 /// kPipe (aligned rows, vec): a persistent grid whose block takes rows blockIdx.x * groups + g,
 /// then gridDim.x * groups further, ..., each thread's vectors copied kFwdStages - 1 rows ahead
 /// into its own slots of dynamic shared memory (kFwdStages * NV * blockDim.x 16-byte slots).
-template <class T, Kind K, int NV, bool kPipe, bool kAl>
+/// kWarp32: tpr_log2 is 5 (aligned rows of a whole warp), known to the compiler, which then
+/// folds the lanes' index arithmetic and the row's reductions.
+template <class T, Kind K, int NV, bool kPipe, bool kAl, bool kWarp32 = false>
 __global__ void __launch_bounds__(kMaxRowThreads<T>, kPipe || kAl ? kPipeMinBlocks<T> : 1)
     fwd_rows_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                     T* __restrict__ y, compute_t<T>* __restrict__ mean,
-                    compute_t<T>* __restrict__ rstd, int64_t R, int64_t L, int tpr_log2,
+                    compute_t<T>* __restrict__ rstd, int64_t R, int64_t L, int tpr_log2_arg,
                     int64_t S, int64_t G, int64_t Cg, compute_t<T> eps, bool vec) {
   using C = compute_t<T>;
   __shared__ C red[kMaxRowThreads<T> / 32];
+  const int tpr_log2 = kWarp32 ? 5 : tpr_log2_arg;
   const int tpr = 1 << tpr_log2;
   const int lane = static_cast<int>(threadIdx.x) & (tpr - 1);
   const int groups = static_cast<int>(blockDim.x >> tpr_log2);
@@ -2332,8 +2335,11 @@ template <class T, Kind K> void run_fwd(const Job& j) {
               }
             }
           }
-          fwd_rows_kernel<T, K, NV, false, kAl><<<grid1(j.name, blocks), threads, 0, j.st>>>(
-              x, w, b, y, mean, rstd, j.R, j.L, tl, j.S, j.G, j.Cg, eps, vec);
+          auto* kernel = &fwd_rows_kernel<T, K, NV, false, kAl>;
+          if constexpr (kAl)
+            if (tl == 5) kernel = &fwd_rows_kernel<T, K, NV, false, kAl, true>;
+          kernel<<<grid1(j.name, blocks), threads, 0, j.st>>>(x, w, b, y, mean, rstd, j.R, j.L,
+                                                             tl, j.S, j.G, j.Cg, eps, vec);
           TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
         };
         if constexpr (K != Kind::kGroup) {
