@@ -442,7 +442,8 @@ __device__ __forceinline__ void fwd_row(const T* __restrict__ x, const T* __rest
     } else {
       const int64_t i = (static_cast<int64_t>(u) * tpr + lane) * V;
       if (!active || i >= L) zero_vec<T>(v[u]);
-      else if constexpr (kPipe) widen16<T>(stage[u * static_cast<int>(blockDim.x) + threadIdx.x], v[u]);
+      else if constexpr (kPipe)
+        widen16<T>(stage[u * static_cast<int>(blockDim.x) + threadIdx.x], v[u]);
       else load_vec(x + off, i, L, vec, v[u]);
     }
   }
