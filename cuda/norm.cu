@@ -249,12 +249,29 @@ template <int K, class C> __device__ __forceinline__ void group_sum(C (&v)[K], i
     }
     __syncthreads();
     const int nw = tpr >> 5, first = warp & ~(nw - 1);
+    // The warps' totals in warp order, unrolled for the counts of 8 warps or fewer (uniform):
+    // a loop over a count known at run time took its unrolled body, its remainder loop and
+    // their tests (the SASS of the bf16 layer backward rows: tpr = 128, 4 warps a row).
+    // More warps keep the loop (unrolled for 16 and 32 they took more registers, and spilled).
+    constexpr int kRunTime = 0;  // fold's warp count: nw, known at run time only
+    auto fold = [&](auto wc) {
+      constexpr int W = decltype(wc)::value;
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-      C s = red[first * K + k];
-      for (int i = 1; i < nw; ++i) s += red[(first + i) * K + k];
-      v[k] = s;
-    }
+      for (int k = 0; k < K; ++k) {
+        C s = red[first * K + k];
+        if constexpr (W != kRunTime) {
+#pragma unroll
+          for (int i = 1; i < W; ++i) s += red[(first + i) * K + k];
+        } else {
+          for (int i = 1; i < nw; ++i) s += red[(first + i) * K + k];
+        }
+        v[k] = s;
+      }
+    };
+    if (nw == 2) fold(std::integral_constant<int, 2>{});
+    else if (nw == 4) fold(std::integral_constant<int, 4>{});
+    else if (nw == 8) fold(std::integral_constant<int, 8>{});
+    else fold(std::integral_constant<int, kRunTime>{});
     __syncthreads();
   }
 }
