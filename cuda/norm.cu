@@ -1340,10 +1340,11 @@ template <class T, int NV> inline constexpr int kBwdLongCluster = kBwdLongPipe<T
 /// bwd_cols_bytes, 2 * NV * V * blockDim.x values when a partial is wanted).
 /// kPipe (aligned rows): each thread's vectors of x and dy, and its row's mean and rstd, are
 /// copied kBwdStages - 1 rows ahead into its own slots of the dynamic shared memory past the
-/// column sums (bwd_pipe_slots<NV> 16-byte slots a thread a stage); the long rows' (kBwdRefetch):
-/// at its start, kBwdRowStages of them, then a copy of w; the column sums take the same memory
-/// after the rows. The long rows and f64's pipelined rows are bound to 128 registers (f64's
-/// spilled 84 bytes at 64; their 256-thread blocks are two an SM by shared memory either way).
+/// column sums (bwd_pipe_slots<NV> 16-byte slots a thread a stage), then a copy of w (D values,
+/// where w is given); the long rows' (kBwdRefetch): at its start, kBwdRowStages of them, then
+/// the copy of w; the column sums take the same memory after the rows. The long rows and f64's
+/// pipelined rows are bound to 128 registers (f64's spilled 84 bytes at 64; their 256-thread
+/// blocks are two an SM by shared memory either way).
 template <class T, Kind K, int NV, bool kPipe, int kCs = 1>
 __global__ void __launch_bounds__(kBwdMaxThreads,
                                   kBwdRefetch<T, NV> || (kPipe && sizeof(T) == 8) ? 1 : 2)
@@ -1401,12 +1402,17 @@ __global__ void __launch_bounds__(kBwdMaxThreads,
     }
   }
   const int B = static_cast<int>(blockDim.x), t = static_cast<int>(threadIdx.x);
-  // kStaged: w's vectors in shared memory past the stages (whole vectors: the rows are aligned);
-  // its address is taken again at each use, which keeps it out of the registers.
-  auto w_copy = [&]() {
-    return reinterpret_cast<uint4*>(cols_raw) + kS * bwd_pipe_slots<NV> * blockDim.x;
+  // kPipe: the stages, past the column sums (kStaged: the column sums reuse them) ...
+  auto stages = [&]() {
+    return reinterpret_cast<uint4*>(
+        cols_raw + (kStaged ? 0 : bwd_cols_bytes<T, NV>(B, want_w || want_b)));
   };
-  if constexpr (kStaged) {
+  // ... then w's vectors (whole vectors: the rows are aligned), copied once a block, where
+  // reading w from L1 on every row was the row's most-sampled stall (run 60: the first use of
+  // w's vector, long scoreboard). Its address is taken again at each use, which keeps it out of
+  // the registers.
+  auto w_copy = [&]() { return stages() + kS * bwd_pipe_slots<NV> * blockDim.x; };
+  if constexpr (kPipe) {
     if (w) {  // uniform
       const uint4* wg = reinterpret_cast<const uint4*>(w);
       for (int64_t k = t; k < D / V; k += B) w_copy()[k] = wg[k];
@@ -1415,7 +1421,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads,
   }
   // w's vector at element i < D (ones without w), from its copy when the rows keep one.
   auto get_w = [&](int64_t i, C (&wv)[V]) {
-    if constexpr (kStaged) {
+    if constexpr (kPipe) {
       if (w) {
         widen16<T>(w_copy()[i / V], wv);
         return;
@@ -1513,10 +1519,8 @@ __global__ void __launch_bounds__(kBwdMaxThreads,
   if constexpr (!kPipe) {
     for (int64_t rb = first; rb < R; rb += step) one_row(rb, nullptr);  // rb uniform
   } else {
-    uint4* slots = reinterpret_cast<uint4*>(
-        cols_raw + (kStaged ? 0 : bwd_cols_bytes<T, NV>(B, want_w || want_b)));
     pipelined_rows<kS>(
-        first, step, R, slots, bwd_pipe_slots<NV> * B,
+        first, step, R, stages(), bwd_pipe_slots<NV> * B,
         [&](uint4* stage, int64_t rb) {
           const int64_t row = rb + g;
           if (row >= R) return;
@@ -2465,8 +2469,9 @@ template <class T, Kind K> void run_bwd_rows(const Job& j) {
         if constexpr (kBwdPipeRows<T>) {
           if (vec) {
             auto* kernel = &bwd_rows_kernel<T, K, NV, true>;
-            const size_t all =
-                smem + static_cast<size_t>(kBwdStages) * bwd_pipe_slots<NV> * threads * 16;
+            const size_t all = smem +
+                               static_cast<size_t>(kBwdStages) * bwd_pipe_slots<NV> * threads * 16 +
+                               (w ? static_cast<size_t>(j.L) * sizeof(T) : 0);  // w's copy
             if (resident_blocks(reinterpret_cast<const void*>(kernel), threads, all, 1,
                                 like.device().ordinal()) > 0) {
               kernel<<<static_cast<unsigned>(P), threads, all, j.st>>>(
