@@ -1,5 +1,6 @@
 // test_grad.cpp: a central-difference gradient check in f64 for every differentiable op, driven
-// by one table (the coverage test requires every differentiable registry entry to be in it).
+// by one table (the coverage test requires every differentiable registry entry to be in it),
+// which the CUDA suite (test_cuda.cpp) runs again on the GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,19 +11,12 @@
 namespace taper::testing {
 namespace {
 
-using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
-struct GradCase {
-  std::string name;
-  OpId op;
-  Fn f;
-  std::vector<Tensor> inputs;
-  double tol = 1e-6;
-};
-
 Tensor r(const Shape& s, uint64_t seed, double lo = -2.0, double hi = 2.0) {
   return random_tensor(s, DType::F64, seed, lo, hi);
 }
 Tensor idx(std::vector<int64_t> v, const Shape& s) { return Tensor::from_vector(v, s); }
+/// A tensor a case captures, on the device of its input x (the CUDA suite runs the table too).
+Tensor on(const Tensor& t, const Tensor& x) { return t.to_device(x.device()); }
 
 std::vector<GradCase> make_cases() {
   std::vector<GradCase> c;
@@ -72,7 +66,7 @@ std::vector<GradCase> make_cases() {
   {
     Tensor mask = r(s, 38).gt(Tensor::zeros(Shape({1}), DType::F64));
     bin("where_cond", OpId::where_cond,
-        [mask](const Tensor& a, const Tensor& b) { return mask.where_cond(a, b); }, r(s, 39),
+        [mask](const Tensor& a, const Tensor& b) { return on(mask, a).where_cond(a, b); }, r(s, 39),
         r({5}, 40));
   }
   // A scalar operand (an op attribute) gets no gradient; the tensor operand gets the right one.
@@ -83,9 +77,9 @@ std::vector<GradCase> make_cases() {
   {
     Tensor mask = r(s, 80).gt(0.0);
     un("where_cond_scalar_false", OpId::where_cond,
-       [mask](const Tensor& x) { return mask.where_cond(x, -0.5); }, r(s, 81));
+       [mask](const Tensor& x) { return on(mask, x).where_cond(x, -0.5); }, r(s, 81));
     un("where_cond_scalar_true", OpId::where_cond,
-       [mask](const Tensor& x) { return mask.where_cond(0.5, x); }, r(s, 82));
+       [mask](const Tensor& x) { return on(mask, x).where_cond(0.5, x); }, r(s, 82));
   }
   c.push_back({"mul_add", OpId::mul_add,
                [](const std::vector<Tensor>& v) { return v[0].mul_add(v[1], v[2]); },
@@ -100,11 +94,12 @@ std::vector<GradCase> make_cases() {
   {
     Tensor i = idx({2, 0, 2, 1}, {4});
     un("index_select", OpId::index_select,
-       [i](const Tensor& x) { return x.index_select(i, 0); }, r({3, 5}, 48));
+       [i](const Tensor& x) { return x.index_select(on(i, x), 0); }, r({3, 5}, 48));
     Tensor gi = idx({0, 2, 1, 1, 0, 2}, {3, 2});
-    un("gather", OpId::gather, [gi](const Tensor& x) { return x.gather(gi, 1); }, r({3, 3}, 49));
+    un("gather", OpId::gather, [gi](const Tensor& x) { return x.gather(on(gi, x), 1); },
+       r({3, 3}, 49));
     bin("scatter_add", OpId::scatter_add,
-        [gi](const Tensor& x, const Tensor& src) { return x.scatter_add(gi, src, 1); },
+        [gi](const Tensor& x, const Tensor& src) { return x.scatter_add(on(gi, x), src, 1); },
         r({3, 3}, 50), r({3, 2}, 51));
   }
   bin("cat", OpId::cat, [](const Tensor& a, const Tensor& b) { return Tensor::cat({a, b}, 1); },
@@ -179,27 +174,29 @@ std::vector<GradCase> make_cases() {
   return c;
 }
 
-const std::vector<GradCase>& cases() {
-  static const std::vector<GradCase> c = make_cases();
-  return c;
-}
 
 class GradCheck : public ::testing::TestWithParam<size_t> {};
 
 TEST_P(GradCheck, CentralDifferenceF64) {
-  const GradCase& gc = cases()[GetParam()];
+  const GradCase& gc = grad_cases()[GetParam()];
   EXPECT_TRUE(grad_check(gc.f, gc.inputs, gc.tol)) << gc.name;
 }
 
-INSTANTIATE_TEST_SUITE_P(Ops, GradCheck, ::testing::Range<size_t>(0, cases().size()),
+INSTANTIATE_TEST_SUITE_P(Ops, GradCheck, ::testing::Range<size_t>(0, grad_cases().size()),
                          [](const ::testing::TestParamInfo<size_t>& i) {
-                           return cases()[i.param].name;
+                           return grad_cases()[i.param].name;
                          });
 
 const bool kNoted = [] {
-  for (const GradCase& gc : cases()) note_cases(CaseKind::Gradient, {gc.op});
+  for (const GradCase& gc : grad_cases()) note_cases(CaseKind::Gradient, {gc.op});
   return true;
 }();
 
 }  // namespace
+
+const std::vector<GradCase>& grad_cases() {
+  static const std::vector<GradCase> c = make_cases();
+  return c;
+}
+
 }  // namespace taper::testing

@@ -114,6 +114,19 @@ Tensor apply_binary(OpId op, const Tensor& a, const Tensor& b);
 ::testing::AssertionResult all_close(const std::vector<double>& got,
                                      const std::vector<double>& ref, double rtol, double atol);
 
+/// One case of the f64 central-difference gradient table (test_grad.cpp): f maps the inputs to a
+/// tensor on their device (a tensor the case captures is moved there), so the CUDA suite runs the
+/// same table again on the GPU.
+struct GradCase {
+  std::string name;
+  OpId op;
+  std::function<Tensor(const std::vector<Tensor>&)> f;
+  std::vector<Tensor> inputs;  ///< f64, on the CPU
+  double tol = 1e-6;
+};
+/// The table: every differentiable registry entry has a case (the coverage test checks).
+const std::vector<GradCase>& grad_cases();
+
 /// Central-difference gradient check in f64 (4-point stencil): `f` maps the inputs to a tensor;
 /// the scalar checked is sum(f(inputs) * r) for a fixed random r. Every input that should get a
 /// gradient is made a Var inside. Passes when analytic and numeric agree to `tol` relative.
