@@ -36,6 +36,7 @@
 #include <utility>
 #include <vector>
 
+#include "benches/fused_case.h"
 #include "taper/composed.h"
 #include "taper/taper.h"
 
@@ -54,12 +55,20 @@ using taper::OpId;
 using taper::Shape;
 using taper::Tensor;
 using taper::Var;
+using taper::bench::apply;
+using taper::bench::Case;
+using taper::bench::minimal_bytes;
+using taper::bench::numel;
+using taper::bench::Op;
+using taper::bench::op_ids;
+using taper::bench::op_name;
+using taper::bench::param_len;
+using taper::bench::shape_name;
 
 constexpr size_t kStreamElems = size_t{1} << 28;  // 1 GiB of f32
 constexpr size_t kSumRows = 16384, kSumCols = 16384;
 constexpr size_t kMatDim = 4096;
 constexpr int kOverheadCalls = 1000;
-constexpr double kEps = 1e-5;
 
 const Device kGpu = Device::cuda(0);
 
@@ -250,87 +259,11 @@ void run_matmul_cublas(benchmark::State& st, DType dt) {
 // Every row: op, dtype, shape, path (fused/composed), pass (fwd/fwd_bwd), median us, minimal
 // bytes, fused_kernel (1 when a fused CUDA kernel ran, 0 when both paths ran the composed form).
 
-enum class Op { Softmax, RmsNorm, LayerNorm, GroupNorm };
-
-struct Case {
-  Op op;
-  std::vector<size_t> shape;
-  size_t groups;  // group norm only
-  DType dt;
-};
-
-const char* op_name(Op op) {
-  switch (op) {
-    case Op::Softmax: return "softmax";
-    case Op::RmsNorm: return "rms_norm";
-    case Op::LayerNorm: return "layer_norm";
-    case Op::GroupNorm: return "group_norm";
-  }
-  return "?";
-}
-
-/// The fused op and its backward op (both must have a CUDA kernel for fused_kernel = 1).
-std::pair<OpId, OpId> op_ids(Op op) {
-  switch (op) {
-    case Op::Softmax: return {OpId::softmax_last_dim, OpId::softmax_last_dim_bwd};
-    case Op::RmsNorm: return {OpId::rms_norm, OpId::rms_norm_bwd};
-    case Op::LayerNorm: return {OpId::layer_norm, OpId::layer_norm_bwd};
-    case Op::GroupNorm: return {OpId::group_norm, OpId::group_norm_bwd};
-  }
-  return {OpId::softmax_last_dim, OpId::softmax_last_dim_bwd};
-}
-
-std::string shape_name(const Case& c) {
-  std::string s;
-  for (size_t i = 0; i < c.shape.size(); ++i) s += (i ? "x" : "") + std::to_string(c.shape[i]);
-  if (c.op == Op::GroupNorm) s += "_g" + std::to_string(c.groups);
-  return s;
-}
-
-size_t numel(const std::vector<size_t>& s) {
-  size_t n = 1;
-  for (size_t d : s) n *= d;
-  return n;
-}
-
-// Length of the affine parameters: the last dim (rms/layer norm), the channels (group norm).
-size_t param_len(const Case& c) { return c.op == Op::GroupNorm ? c.shape[1] : c.shape.back(); }
-
-// Minimal bytes of one call, as bench_fused.cpp (s = dtype size, n = elements, p = param_len):
-// softmax 2ns / 5ns; rms_norm 2ns + ps / 5ns + 3ps; layer and group norm 2ns + 2ps / 5ns + 5ps
-// (forward / forward+backward: x read, y written; then x, dy read again and dx written);
-// saved statistics are not counted.
-double minimal_bytes(const Case& c, bool bwd) {
-  const double s = static_cast<double>(taper::dtype_size(c.dt));
-  const double n = static_cast<double>(numel(c.shape));
-  const double p = static_cast<double>(param_len(c));
-  switch (c.op) {
-    case Op::Softmax: return bwd ? 5 * n * s : 2 * n * s;
-    case Op::RmsNorm: return bwd ? 5 * n * s + 3 * p * s : 2 * n * s + p * s;
-    case Op::LayerNorm:
-    case Op::GroupNorm: return bwd ? 5 * n * s + 5 * p * s : 2 * n * s + 2 * p * s;
-  }
-  return 0;
-}
-
 Tensor make_randn(const std::vector<size_t>& shape, DType dt, uint64_t seed, double mean = 0.0,
                   double std = 1.0) {
   // Drawn in f32 on the device, then rounded once, so every dtype sees the same values.
   Tensor t = Tensor::randn(Shape(shape), DType::F32, kGpu, seed, mean, std);
   return dt == DType::F32 ? t : t.to_dtype(dt);
-}
-
-Tensor apply(const Case& c, bool fused, const Tensor& x, const Tensor& w, const Tensor& b) {
-  namespace F = taper::ops;
-  namespace C = taper::composed;
-  switch (c.op) {
-    case Op::Softmax: return fused ? F::softmax_last_dim(x) : C::softmax_last_dim(x);
-    case Op::RmsNorm: return fused ? F::rms_norm(x, w, kEps) : C::rms_norm(x, w, kEps);
-    case Op::LayerNorm: return fused ? F::layer_norm(x, w, b, kEps) : C::layer_norm(x, w, b, kEps);
-    case Op::GroupNorm:
-      return fused ? F::group_norm(x, c.groups, w, b, kEps) : C::group_norm(x, c.groups, w, b, kEps);
-  }
-  return {};
 }
 
 /// The table's rows; scripts/bench_fused_torch.py's cases() lists the same ones.

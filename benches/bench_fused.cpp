@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "benches/fused_case.h"
 #include "taper/composed.h"
 #include "taper/taper.h"
 #include "tests/cpu_hooks.h"  // taper::testing::parallel_for, on taper's thread pool
@@ -42,73 +43,15 @@ using taper::DType;
 using taper::Shape;
 using taper::Tensor;
 using taper::Var;
-
-constexpr double kEps = 1e-5;
-
-enum class Op { Softmax, RmsNorm, LayerNorm, GroupNorm };
-
-struct Case {
-  Op op;
-  std::vector<size_t> shape;
-  size_t groups = 0;  // group norm only
-  DType dt;
-};
-
-const char* op_name(Op op) {
-  switch (op) {
-    case Op::Softmax: return "softmax";
-    case Op::RmsNorm: return "rms_norm";
-    case Op::LayerNorm: return "layer_norm";
-    case Op::GroupNorm: return "group_norm";
-  }
-  return "?";
-}
-
-std::string shape_name(const Case& c) {
-  std::string s;
-  // Appended piece by piece: GCC 12 warns (-Wrestrict, a false positive) on "literal" + string.
-  for (size_t i = 0; i < c.shape.size(); ++i) {
-    if (i) s += 'x';
-    s += std::to_string(c.shape[i]);
-  }
-  if (c.op == Op::GroupNorm) {
-    s += "_g";
-    s += std::to_string(c.groups);
-  }
-  return s;
-}
-
-size_t numel(const std::vector<size_t>& s) {
-  size_t n = 1;
-  for (size_t d : s) n *= d;
-  return n;
-}
-
-// Length of the affine parameters: the last dim (rms/layer norm), the channels (group norm).
-size_t param_len(const Case& c) { return c.op == Op::GroupNorm ? c.shape[1] : c.shape.back(); }
-
-// Minimal bytes of one call, s = dtype size, n = elements of x, p = param_len:
-//   softmax    fwd: read x, write y                              2ns
-//              fwd_bwd: + read y, dy, write dx                   5ns
-//   rms_norm   fwd: read x, w, write y                           2ns + ps
-//              fwd_bwd: + read dy, x, w, write dx, dw            5ns + 3ps
-//   layer_norm fwd: read x, w, b, write y                        2ns + 2ps
-//              fwd_bwd: + read dy, x, w, write dx, dw, db        5ns + 5ps
-//   group_norm as layer_norm with p = channels                   2ns + 2ps / 5ns + 5ps
-// The per-row (per-group) statistics saved for the backward are not counted: they are
-// rows x 4 (or 8) bytes, under 0.1% of the traffic at every benched shape.
-double minimal_bytes(const Case& c, bool bwd) {
-  const double s = static_cast<double>(taper::dtype_size(c.dt));
-  const double n = static_cast<double>(numel(c.shape));
-  const double p = static_cast<double>(param_len(c));
-  switch (c.op) {
-    case Op::Softmax: return bwd ? 5 * n * s : 2 * n * s;
-    case Op::RmsNorm: return bwd ? 5 * n * s + 3 * p * s : 2 * n * s + p * s;
-    case Op::LayerNorm:
-    case Op::GroupNorm: return bwd ? 5 * n * s + 5 * p * s : 2 * n * s + 2 * p * s;
-  }
-  return 0;
-}
+using taper::bench::apply;
+using taper::bench::Case;
+using taper::bench::minimal_bytes;
+using taper::bench::numel;
+using taper::bench::Op;
+using taper::bench::op_ids;
+using taper::bench::op_name;
+using taper::bench::param_len;
+using taper::bench::shape_name;
 
 Tensor make_randn(const std::vector<size_t>& shape, DType dt, uint64_t seed, double mean = 0.0,
                   double std = 1.0) {
@@ -131,26 +74,8 @@ const char* variant_name(Variant v) {
 
 // The dedicated backward op of a norm (issue 13); none for softmax (see the header).
 std::vector<taper::OpId> bwd_ops(Op op) {
-  switch (op) {
-    case Op::Softmax: return {};
-    case Op::RmsNorm: return {taper::OpId::rms_norm_bwd};
-    case Op::LayerNorm: return {taper::OpId::layer_norm_bwd};
-    case Op::GroupNorm: return {taper::OpId::group_norm_bwd};
-  }
-  return {};
-}
-
-Tensor apply(const Case& c, bool fused, const Tensor& x, const Tensor& w, const Tensor& b) {
-  namespace F = taper::ops;
-  namespace C = taper::composed;
-  switch (c.op) {
-    case Op::Softmax: return fused ? F::softmax_last_dim(x) : C::softmax_last_dim(x);
-    case Op::RmsNorm: return fused ? F::rms_norm(x, w, kEps) : C::rms_norm(x, w, kEps);
-    case Op::LayerNorm: return fused ? F::layer_norm(x, w, b, kEps) : C::layer_norm(x, w, b, kEps);
-    case Op::GroupNorm:
-      return fused ? F::group_norm(x, c.groups, w, b, kEps) : C::group_norm(x, c.groups, w, b, kEps);
-  }
-  return {};
+  if (op == Op::Softmax) return {};
+  return {op_ids(op).second};
 }
 
 uint64_t cpu_kernel_calls() { return taper::kernel_calls(taper::DeviceKind::Cpu); }
