@@ -113,6 +113,8 @@ constexpr int kBlock = 256;          ///< threads of the chunk kernels (and the 
 /// more than the 64 registers a 1024-thread block leaves: 512; longer rows loop or take chunks).
 template <class T> inline constexpr int kMaxRowThreads = is_half_v<T> ? 512 : 1024;
 constexpr int kBwdMaxThreads = 512;  ///< backward rows: threads per row at most
+constexpr int kBwdMaxThreadsLog2 = 9;
+static_assert(1 << kBwdMaxThreadsLog2 == kBwdMaxThreads);
 constexpr int64_t kTargetBlocks = 1024;  ///< about one wave of a 132-SM H200; a constant, so
                                          ///< that plans (and the bits) do not depend on the device
 constexpr int64_t kBwdMaxBlocks = 512;   ///< backward rows: blocks, hence column-partial rows
@@ -732,14 +734,15 @@ __global__ void __launch_bounds__(kBlock, 3)
   });
 }
 
-/// A cluster's total of one value per block: block totals through distributed shared memory,
-/// folded in rank order by every block (the same bits in each). `slot` (this block's shared
-/// word for this reduction) must not be reused while another block may still read it.
-template <class C>
+/// A cluster's total of one value per block of B threads: block totals through distributed
+/// shared memory, folded in rank order by every block (the same bits in each). `slot` (this
+/// block's shared word for this reduction) must not be reused while another block may still
+/// read it.
+template <int B, class C>
 __device__ __forceinline__ C cluster_total(C v, C* red, C* slot) {
   namespace cg = cooperative_groups;
   C s[1] = {v};
-  group_sum(s, static_cast<int>(blockDim.x), red);
+  group_sum(s, B, red);  // B known to the compiler: group_sum's fold unrolled for it
   if (threadIdx.x == 0) *slot = s[0];
   cg::cluster_group cl = cg::this_cluster();
   cl.sync();  // release / acquire: every block's total is visible
@@ -821,7 +824,7 @@ __global__ void __launch_bounds__(B, kClusterMinBlocks<B>)
       for (int l = 0; l < V; ++l) acc = K == Kind::kRms ? fma(v[l], v[l], acc) : acc + v[l];
     }
   }
-  const C total = cluster_total(acc, red, &slots[0]);
+  const C total = cluster_total<B>(acc, red, &slots[0]);
   C mu = C(0), var;
   if constexpr (K == Kind::kRms) {
     var = total / static_cast<C>(L);
@@ -837,7 +840,7 @@ __global__ void __launch_bounds__(B, kClusterMinBlocks<B>)
         add_m2(v, 0, V, mu, m);  // a whole vector
       }
     }
-    var = cluster_total(m, red, &slots[1]) / static_cast<C>(L);
+    var = cluster_total<B>(m, red, &slots[1]) / static_cast<C>(L);
   }
   cl.barrier_arrive();  // this block's last read of another's slots is done
   const C rs = rstd_of(var, eps);
@@ -1375,6 +1378,10 @@ __global__ void __launch_bounds__(kBwdMaxThreads,
     if (w) w += rank * D;
     cl.sync();  // every block of the cluster running before any writes to its shared memory
   }
+  // The long rows (kBwdRefetch) take a row a block of kBwdMaxThreads (run_bwd_rows): their
+  // count, known to the compiler, folds the lanes' index arithmetic and unrolls group_sum's
+  // fold of the row's 16 warps (at run time it took the fold's tests and loop).
+  if constexpr (kBwdRefetch<T, NV>) tpr_log2 = kBwdMaxThreadsLog2;
   const int tpr = 1 << tpr_log2;
   const int gpb = static_cast<int>(blockDim.x) >> tpr_log2;
   const int g = static_cast<int>(threadIdx.x) >> tpr_log2;
@@ -2510,12 +2517,15 @@ template <class T, Kind K> void run_bwd_rows(const Job& j) {
                             like.device().ordinal()) < kCs)
           return false;
         constexpr int64_t P = kBwdLongRowBlocks / kCs;  // partial rows: one a cluster
+        // A row a block: the kernel takes tpr = kBwdMaxThreads as known (kBwdRefetch)
+        static_assert(kBwdRefetch<T, NV>, "the long rows' kernels take their tpr as known");
+        TAPER_ASSERT(log2_for(ceil_div(nv, kCs), NV) == kBwdMaxThreadsLog2);
         Tensor hw, hb;
         C* pdw = need_w ? scratch<C>(hw, P * j.L, like) : nullptr;
         C* pdb = need_b ? scratch<C>(hb, P * j.L, like) : nullptr;
         launch_clustered(j.name, *j.in, kernel, static_cast<unsigned>(kBwdLongRowBlocks),
                          kBwdMaxThreads, kCs, all, j.st, x, w, mean, rstd, dy, dx, pdw, pdb, j.R,
-                         j.L, log2_for(ceil_div(nv, kCs), NV), inv_d, vec);
+                         j.L, kBwdMaxThreadsLog2, inv_d, vec);
         fold_partials<C, T>(j, pdw, pdb, P, j.L, 1);
         return true;
       };
