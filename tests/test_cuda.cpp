@@ -79,6 +79,7 @@
 #include <vector>
 
 #include "tests/ref/copy_cast_ref.h"
+#include "tests/fused_cases.h"
 #include "tests/ref/fused_ref.h"
 #include "tests/test_util.h"
 
@@ -1555,126 +1556,9 @@ TEST_F(CudaIndex, OutOfRangeIndexOnTheGpuThrowsErrorNamingTheOp) {
                         to_cpu(x).index_select(index_tensor({4, 0}, Shape({2}), DType::I64), 0)));
 }
 
-// ---- fused ops: CUDA runs the composed forms --------------------------------------------------
+// ---- fused ops: the CUDA kernels against the CPU kernels, the composed forms, the reference -----
 
-enum class FOp { Softmax, LogSoftmax, RmsNorm, LayerNorm, GroupNorm };
-
-const char* fop_name(FOp op) {
-  switch (op) {
-    case FOp::Softmax: return "softmax";
-    case FOp::LogSoftmax: return "log_softmax";
-    case FOp::RmsNorm: return "rms_norm";
-    case FOp::LayerNorm: return "layer_norm";
-    case FOp::GroupNorm: return "group_norm";
-  }
-  return "?";
-}
-
-bool is_norm(FOp op) { return op == FOp::RmsNorm || op == FOp::LayerNorm || op == FOp::GroupNorm; }
-
-constexpr double kEps = 1e-5;
-constexpr double kNoise = 64;  ///< test_fused.cpp's multiple of u_c for the computation's own error
-
-/// The rounding-floor bound of test_fused.cpp: |got - ref| <= ulps ulp_T(ref) + noise u_c scale.
-::testing::AssertionResult at_floor(const std::vector<double>& got, const std::vector<double>& ref,
-                                    const std::vector<double>& scale, DType dt, double ulps,
-                                    double noise = kNoise) {
-  if (got.size() != ref.size() || scale.size() != ref.size())
-    return ::testing::AssertionFailure() << "size " << got.size() << " vs " << ref.size();
-  std::vector<double> bound(ref.size());
-  for (size_t i = 0; i < ref.size(); ++i)
-    bound[i] = ulps * ulp_at(dt, ref[i]) + noise * compute_u(dt) * scale[i];
-  return within(got, ref, bound);
-}
-
-/// A fused op's inputs (w, b empty for no affine) on one device.
-struct FusedIn {
-  Tensor x, w, b;
-  size_t groups = 1;
-};
-
-Tensor empty_of(DType dt, Device dev) { return Tensor::zeros(Shape({0}), dt, dev); }
-
-/// test_fused.cpp's inputs: softmax randn * 3; norms randn + 0.5, weights ±[0.5, 1.5], biases
-/// in [-1, 1]; all on the CPU.
-FusedIn make_fused(FOp op, DType dt, const Shape& shape, uint64_t seed, bool affine, size_t groups) {
-  FusedIn p;
-  p.groups = groups;
-  p.w = p.b = empty_of(dt, kCpu);
-  if (!is_norm(op)) {
-    p.x = Tensor::randn(shape, dt, kCpu, seed, 0.0, 3.0);
-    return p;
-  }
-  p.x = Tensor::randn(shape, dt, kCpu, seed, 0.5, 1.0);
-  const size_t P = op == FOp::GroupNorm ? shape[1] : shape[shape.rank() - 1];
-  if (affine) {
-    std::vector<double> w = values(random_tensor(Shape({P}), DType::F64, seed + 1, 0.5, 1.5));
-    for (size_t i = 0; i < P; i += 3) w[i] = -w[i];
-    p.w = Tensor::from_vector(w, Shape({P})).to_dtype(dt);
-    if (op != FOp::RmsNorm) p.b = random_tensor(Shape({P}), dt, seed + 2, -1.0, 1.0);
-  }
-  return p;
-}
-
-Tensor run_fused(FOp op, const FusedIn& p) {
-  switch (op) {
-    case FOp::Softmax: return ops::softmax_last_dim(p.x);
-    case FOp::LogSoftmax: return ops::log_softmax_last_dim(p.x);
-    case FOp::RmsNorm: return ops::rms_norm(p.x, p.w, kEps);
-    case FOp::LayerNorm: return ops::layer_norm(p.x, p.w, p.b, kEps);
-    case FOp::GroupNorm: return ops::group_norm(p.x, p.groups, p.w, p.b, kEps);
-  }
-  return Tensor();
-}
-
-/// The f64 reference of the forward and the scale of the rounding floor (test_fused.cpp).
-struct FusedExpected {
-  std::vector<double> y, scale;
-};
-
-FusedExpected fused_reference(FOp op, const FusedIn& p) {
-  const std::vector<double> x = values(p.x);
-  const size_t D = p.x.dims().back();
-  FusedExpected e;
-  if (!is_norm(op)) {
-    const bool log = op == FOp::LogSoftmax;
-    e.y = log ? ref::log_softmax_fwd(x, D) : ref::softmax_fwd(x, D);
-    e.scale.resize(x.size());
-    for (size_t r = 0; r * D < x.size(); ++r) {
-      double m = -kInf, s = 0;
-      for (size_t i = 0; i < D; ++i) m = std::max(m, x[r * D + i]);
-      for (size_t i = 0; i < D; ++i) s += std::exp(x[r * D + i] - m);
-      for (size_t i = 0; i < D; ++i) {
-        const size_t j = r * D + i;
-        e.scale[j] = log ? std::abs(x[j] - m) + std::abs(std::log(s)) + 1.0
-                         : (e.y[j] == 0 ? 0.0 : std::abs(e.y[j]) * (1.0 + std::abs(x[j] - m)));
-      }
-    }
-    return e;
-  }
-  const std::vector<double> w = p.w.elem_count() ? values(p.w) : std::vector<double>();
-  const std::vector<double> b = p.b.elem_count() ? values(p.b) : std::vector<double>();
-  ref::NormFwd o;
-  size_t S = 1, P = D;
-  if (op == FOp::RmsNorm) o = ref::rms_norm_fwd(x, w, D, kEps);
-  if (op == FOp::LayerNorm) o = ref::layer_norm_fwd(x, w, b, D, kEps);
-  if (op == FOp::GroupNorm) {
-    const size_t N = p.x.dim(0), C = p.x.dim(1);
-    S = x.size() / (N * C);
-    P = C;
-    o = ref::group_norm_fwd(x, w, b, N, C, S, p.groups, kEps);
-  }
-  e.y = o.y;
-  e.scale.resize(x.size());
-  const size_t L = x.size() / std::max<size_t>(o.rstd.size(), 1);
-  for (size_t i = 0; i < x.size(); ++i) {
-    const size_t k = L ? i / L : 0, c = (i / S) % P;
-    const double mean = o.mean.empty() ? 0.0 : o.mean[k];
-    e.scale[i] = (std::abs(x[i]) + std::abs(mean)) * o.rstd[k] * (w.empty() ? 1.0 : std::abs(w[c])) +
-                 (b.empty() ? 0.0 : std::abs(b[c])) + std::abs(o.y[i]);
-  }
-  return e;
-}
+// The ops, inputs, reference and bound are test_fused.cpp's (tests/fused_cases.h).
 
 using FusedParam = std::tuple<FOp, DType, LayoutKind>;
 class CudaFusedForward : public CudaParamTest<FusedParam> {};
@@ -1721,19 +1605,19 @@ TEST_P(CudaFusedForward, OnGpuMatchesCpuKernelComposedFormAndReference) {
       if (!is_norm(op) && !affine) continue;
       SCOPED_TRACE(std::string(fop_name(op)) + " " + s.to_string() + (affine ? " affine" : " plain") +
                    " G=" + std::to_string(groups));
-      const FusedIn p = make_fused(op, dt, s, ++seed, affine, groups);
-      const FusedExpected e = fused_reference(op, p);
+      const Problem p = make_problem(op, dt, s, ++seed, affine, groups);
+      const Expected e = reference(p);
       const Both x = on_both(p.x, layout);
-      FusedIn pc = p, pg = p;
+      Problem pc = p, pg = p;
       pc.x = x.cpu;
       pg.x = x.gpu;
       pg.w = to_gpu(p.w);
       pg.b = to_gpu(p.b);
-      const Tensor yc = run_fused(op, pc), yg = run_fused(op, pg);
-      Tensor ygc;  // the composed form on the GPU
+      const Tensor yc = run_public(pc, false), yg = run_public(pg, false);
+      Tensor ygc;  // the composed form on the GPU, as the dispatcher runs it
       {
         ComposedOnlyGuard composed;
-        ygc = run_fused(op, pg);
+        ygc = run_public(pg, false);
       }
       ASSERT_TRUE(yg.device() == kGpu && yg.dtype() == dt && yg.shape() == s);
       const std::vector<double> gv = values(yg), cv = values(yc), gcv = values(ygc);
@@ -1748,7 +1632,7 @@ TEST_P(CudaFusedForward, OnGpuMatchesCpuKernelComposedFormAndReference) {
         EXPECT_TRUE(at_floor(gv, gcv, e.scale, DType::F64, 0.0, tol / compute_u(DType::F64)))
             << "gpu vs the composed form on the gpu, relative " << tol;
       }
-      EXPECT_EQ(values(run_fused(op, pg)), gv) << "a second run gives other bits";
+      EXPECT_EQ(values(run_public(pg, false)), gv) << "a second run gives other bits";
     }
 }
 
@@ -1769,13 +1653,13 @@ struct FusedGrads {
   std::vector<double> y, dx, dw, db;
 };
 
-FusedGrads run_grads(FOp op, const FusedIn& in, const Tensor& up) {
+FusedGrads run_grads(const Problem& in, const Tensor& up) {
   const Var x = Var::from_tensor(in.x);
   Var w, b;
-  FusedIn v{x, in.w, in.b, in.groups};
+  Problem v{in.op, x, in.w, in.b, in.groups};
   if (in.w.elem_count()) v.w = w = Var::from_tensor(in.w);
-  if (in.b.elem_count() && op != FOp::RmsNorm) v.b = b = Var::from_tensor(in.b);
-  const Tensor y = run_fused(op, v);
+  if (in.b.elem_count() && in.op != FOp::RmsNorm) v.b = b = Var::from_tensor(in.b);
+  const Tensor y = run_public(v, false);
   const GradStore g = (y.to_dtype(DType::F64) * up.to_dtype(DType::F64)).sum_all().backward();
   FusedGrads r;
   r.y = values(y);
@@ -1805,15 +1689,15 @@ class CudaFusedBackward : public CudaParamTest<FusedBwdParam> {};
 TEST_P(CudaFusedBackward, GradientsOnGpuMatchCpu) {
   const auto [op, dt, transposed] = GetParam();
   const Shape s = op == FOp::GroupNorm ? Shape({3, 8, 5, 7}) : Shape({9, 37});
-  const FusedIn p = make_fused(op, dt, s, 11, true, op == FOp::GroupNorm ? 4 : 1);
+  const Problem p = make_problem(op, dt, s, 11, true, op == FOp::GroupNorm ? 4 : 1);
   const Tensor up = random_tensor(s, dt, 99);
   const Both x = on_both(p.x, transposed ? LayoutKind::Transposed : LayoutKind::Contiguous);
-  FusedIn pc = p, pg = p;
+  Problem pc = p, pg = p;
   pc.x = x.cpu;
   pg.x = x.gpu;
   pg.w = to_gpu(p.w);
   pg.b = to_gpu(p.b);
-  const FusedGrads c = run_grads(op, pc, up), g = run_grads(op, pg, to_gpu(up));
+  const FusedGrads c = run_grads(pc, up), g = run_grads(pg, to_gpu(up));
   if (is_norm(op)) {
     EXPECT_FALSE(g.dw.empty()) << "no gradient for w";
   }
@@ -1822,9 +1706,9 @@ TEST_P(CudaFusedBackward, GradientsOnGpuMatchCpu) {
   }
   if (is_half(dt)) {
     // Both at the rounding floor of the f64 gradients (the CPU's fused f64 run).
-    FusedIn p64{p.x.to_dtype(DType::F64), p.w.to_dtype(DType::F64), p.b.to_dtype(DType::F64),
-                p.groups};
-    const FusedGrads r = run_grads(op, p64, up);
+    const Problem p64{op, p.x.to_dtype(DType::F64), p.w.to_dtype(DType::F64),
+                      p.b.to_dtype(DType::F64), p.groups};
+    const FusedGrads r = run_grads(p64, up);
     EXPECT_TRUE(at_rounding_floor(g.y, r.y, dt)) << "y";
     EXPECT_TRUE(at_rounding_floor(g.dx, r.dx, dt)) << "dx";
     EXPECT_TRUE(at_rounding_floor(g.dw, r.dw, dt)) << "dw";
