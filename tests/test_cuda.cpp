@@ -1129,34 +1129,7 @@ TEST_F(CudaReduce, SpecialValuesEmptyAndRankZero) {
 
 // ---- matmul -------------------------------------------------------------------------------------
 
-struct MatCase {
-  const char* name;
-  std::vector<size_t> a, b;  ///< dims as stored; a transposed operand stores (.., k, m)
-  bool ta = false, tb = false;
-};
-
-const MatCase kMatCases[] = {
-    {"1x1x1", {1, 1}, {1, 1}},
-    {"7x33x5", {7, 33}, {33, 5}},
-    {"64x1000x3", {64, 1000}, {1000, 3}},
-    {"batch_broadcast", {2, 1, 5, 7}, {3, 7, 4}},
-    {"a_t", {33, 7}, {33, 5}, true, false},
-    {"b_t", {7, 33}, {5, 33}, false, true},
-    {"both_t_batched", {3, 9, 6}, {3, 4, 9}, true, true},
-    {"b_shared", {4, 5, 8}, {8, 3}},
-    {"a_broadcast", {1, 5, 8}, {4, 8, 3}},
-    {"row_vector", {2, 1, 40}, {2, 40, 1}},
-    {"matvec", {300, 257}, {257, 1}},
-    {"matvec_a_t", {257, 300}, {257, 1}, true, false},
-    {"matvec_b_t", {300, 257}, {1, 257}, false, true},
-    {"vecmat", {1, 257}, {257, 300}},
-    {"vecmat_both_t", {257, 1}, {300, 257}, true, true},
-    {"k0", {3, 0}, {0, 2}},
-    {"k0_batched", {2, 4, 0}, {2, 0, 5}},
-    {"m0", {0, 7}, {7, 3}},
-    {"large", {257, 1031}, {1031, 129}},
-    {"large_batched_t", {4, 256, 128}, {4, 96, 256}, true, true},
-};
+// The shapes are test_matmul_index.cpp's table (mat_cases()).
 
 /// Restores the TF32 setting when it goes out of scope.
 struct Tf32Guard {
@@ -1174,7 +1147,7 @@ TEST_P(CudaMatmulP, MatchesCpuWithinGammaK) {
   Tf32Guard tf32(false);
   ASSERT_TRUE(has_kernel(OpId::matmul, kGpu, dt));
   uint64_t seed = 500;
-  for (const MatCase& c : kMatCases) {
+  for (const MatCase& c : mat_cases()) {
     SCOPED_TRACE(c.name);
     Both a = on_both(random_tensor(Shape(c.a), dt, ++seed), layout);
     Both b = on_both(random_tensor(Shape(c.b), dt, ++seed), layout);

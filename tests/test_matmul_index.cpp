@@ -21,35 +21,43 @@ namespace {
 TAPER_COVERS(Forward, OpId::matmul, OpId::linear, OpId::index_select, OpId::gather,
              OpId::scatter_add, OpId::cat, OpId::narrow_bwd);
 
+}  // namespace
+
 // ---- matmul -----------------------------------------------------------------------------------
 
-struct MatCase {
-  const char* name;
-  std::vector<size_t> a, b;  ///< dims as stored; a transposed operand stores (.., k, m)
-  bool ta = false, tb = false;
-};
+/// The shapes of this file's matmul suite, run again on the GPU by test_cuda.cpp's.
+const std::vector<MatCase>& mat_cases() {
+  static const std::vector<MatCase> cases = {
+      {"1x1x1", {1, 1}, {1, 1}},
+      {"7x33x5", {7, 33}, {33, 5}},
+      {"64x1000x3", {64, 1000}, {1000, 3}},
+      {"batch_broadcast", {2, 1, 5, 7}, {3, 7, 4}},
+      {"a_t", {33, 7}, {33, 5}, true, false},
+      {"b_t", {7, 33}, {5, 33}, false, true},
+      {"both_t_batched", {3, 9, 6}, {3, 4, 9}, true, true},
+      {"b_shared_folds", {4, 5, 8}, {8, 3}},
+      {"a_broadcast", {1, 5, 8}, {4, 8, 3}},
+      {"row_vector", {2, 1, 40}, {2, 40, 1}},
+      // matrix-vector products (GEMV), every transposition of the stored operands
+      {"matvec", {300, 257}, {257, 1}},
+      {"matvec_a_t", {257, 300}, {257, 1}, true, false},
+      {"matvec_b_t", {300, 257}, {1, 257}, false, true},
+      {"matvec_folds", {4, 50, 33}, {33, 1}},
+      {"vecmat", {1, 257}, {257, 300}},
+      {"vecmat_a_t", {257, 1}, {257, 300}, true, false},
+      {"vecmat_b_t", {1, 257}, {300, 257}, false, true},
+      {"vecmat_both_t", {257, 1}, {300, 257}, true, true},
+      // empty: no products (zeros), no rows
+      {"k0", {3, 0}, {0, 2}},
+      {"k0_batched", {2, 4, 0}, {2, 0, 5}},
+      {"m0", {0, 7}, {7, 3}},
+      {"large", {257, 1031}, {1031, 129}},
+      {"large_batched_t", {4, 256, 128}, {4, 96, 256}, true, true},
+  };
+  return cases;
+}
 
-const MatCase kMatCases[] = {
-    {"1x1x1", {1, 1}, {1, 1}},
-    {"7x33x5", {7, 33}, {33, 5}},
-    {"64x1000x3", {64, 1000}, {1000, 3}},
-    {"batch_broadcast", {2, 1, 5, 7}, {3, 7, 4}},
-    {"a_t", {33, 7}, {33, 5}, true, false},
-    {"b_t", {7, 33}, {5, 33}, false, true},
-    {"both_t_batched", {3, 9, 6}, {3, 4, 9}, true, true},
-    {"b_shared_folds", {4, 5, 8}, {8, 3}},
-    {"a_broadcast", {1, 5, 8}, {4, 8, 3}},
-    {"row_vector", {2, 1, 40}, {2, 40, 1}},
-    // matrix-vector products (GEMV), every transposition of the stored operands
-    {"matvec", {300, 257}, {257, 1}},
-    {"matvec_a_t", {257, 300}, {257, 1}, true, false},
-    {"matvec_b_t", {300, 257}, {1, 257}, false, true},
-    {"matvec_folds", {4, 50, 33}, {33, 1}},
-    {"vecmat", {1, 257}, {257, 300}},
-    {"vecmat_a_t", {257, 1}, {257, 300}, true, false},
-    {"vecmat_b_t", {1, 257}, {300, 257}, false, true},
-    {"vecmat_both_t", {257, 1}, {300, 257}, true, true},
-};
+namespace {
 
 /// Batch dims, m, k, n of a x b (NumPy broadcast of the batch dims).
 struct MatDims {
@@ -77,7 +85,7 @@ class MatmulTest : public ::testing::TestWithParam<MatParam> {};
 TEST_P(MatmulTest, MatchesF64Reference) {
   const auto [dt, layout] = GetParam();
   uint64_t seed = 500;
-  for (const MatCase& c : kMatCases) {
+  for (const MatCase& c : mat_cases()) {
     SCOPED_TRACE(std::string(c.name) + " " + std::string(dtype_name(dt)) + " " +
                  layout_name(layout));
     Tensor a = with_layout(random_tensor(Shape(c.a), dt, ++seed), layout);

@@ -49,7 +49,7 @@ Tensor with_layout(const Tensor& t, LayoutKind k) {
       return big.narrow(-1, 1, t.dims().back());
     }
     case LayoutKind::Broadcast: {
-      if (t.rank() == 0) return t;
+      if (t.rank() == 0 || t.dim(0) == 0) return t;  // no first row to broadcast
       return t.narrow(0, 0, 1).contiguous().broadcast_as(t.shape());
     }
   }

@@ -75,7 +75,8 @@ inline constexpr LayoutKind kAllLayouts[] = {LayoutKind::Contiguous, LayoutKind:
 /// Transposed: a transposed view of a contiguous copy of t transposed (rank >= 2; rank 1 falls
 /// back to Narrowed). Narrowed: a narrow of a wider tensor (last dim padded by 3).
 /// Broadcast: t's first row broadcast along dim 0 (values differ from t: it is a broadcast of
-/// t.narrow(0, 0, 1)). Values equal t's for every kind but Broadcast.
+/// t.narrow(0, 0, 1); t itself when dim 0 is empty). Values equal t's for every kind but
+/// Broadcast.
 Tensor with_layout(const Tensor& t, LayoutKind k);
 
 /// All elements as double (row-major).
@@ -126,6 +127,17 @@ struct GradCase {
 };
 /// The table: every differentiable registry entry has a case (the coverage test checks).
 const std::vector<GradCase>& grad_cases();
+
+/// One matmul shape of test_matmul_index.cpp's table, which the CUDA suite runs again on the
+/// GPU: a and b as stored, a transposed operand storing (.., k, m).
+struct MatCase {
+  const char* name;
+  std::vector<size_t> a, b;
+  bool ta = false, tb = false;
+};
+/// The table: square, skinny, batched and broadcast, transposed, matrix-vector, empty (k = 0, m
+/// = 0) and large shapes.
+const std::vector<MatCase>& mat_cases();
 
 /// Central-difference gradient check in f64 (4-point stencil): `f` maps the inputs to a tensor;
 /// the scalar checked is sum(f(inputs) * r) for a fixed random r. Every input that should get a
