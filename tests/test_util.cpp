@@ -92,6 +92,24 @@ double tiny_of(DType dt) {
   }
 }
 
+std::vector<int64_t> random_indices(size_t n, size_t limit, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int64_t> u(0, static_cast<int64_t>(limit) - 1);
+  std::vector<int64_t> v(n);
+  for (int64_t& x : v) x = u(rng);
+  return v;
+}
+
+Tensor index_tensor(const std::vector<int64_t>& v, const Shape& s, DType idt) {
+  if (idt == DType::U32) return Tensor::from_vector(std::vector<uint32_t>(v.begin(), v.end()), s);
+  return Tensor::from_vector(v, s);
+}
+
+Tensor small_ints(const Shape& s, DType dt, uint64_t seed) {
+  if (!is_float(dt)) return random_tensor(s, dt, seed, 0.0, 8.0);
+  return random_tensor(s, DType::F64, seed, -8.0, 8.0).to_dtype(DType::I64).to_dtype(dt);
+}
+
 Tensor random_ints(const Shape& s, DType dt, uint64_t seed) {
   std::mt19937_64 rng(seed);
   const size_t n = s.elem_count();

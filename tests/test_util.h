@@ -99,6 +99,13 @@ double tiny_of(DType dt);
 /// wraps) with small values and the extremes mixed in.
 Tensor random_ints(const Shape& s, DType dt, uint64_t seed);
 
+/// n random indices in [0, limit), as i64 (the index suites' operands).
+std::vector<int64_t> random_indices(size_t n, size_t limit, uint64_t seed);
+/// An index tensor of shape s holding v, in idt (U32 or I64).
+Tensor index_tensor(const std::vector<int64_t>& v, const Shape& s, DType idt);
+/// Small integers in dt (exact in every dtype and in every sum the scatter tests make).
+Tensor small_ints(const Shape& s, DType dt, uint64_t seed);
+
 /// f64 values in +-[0.2, 2], random signs: away from the kinks of abs, relu and friends.
 Tensor away_from_zero(const Shape& s, uint64_t seed);
 
