@@ -1627,16 +1627,6 @@ FusedGrads run_grads(const Problem& in, const Tensor& up) {
   return r;
 }
 
-/// test_fused_grad.cpp's floor: |got - ref| <= 1.01 u |ref| + 1e-2 u max|ref|.
-::testing::AssertionResult at_rounding_floor(const std::vector<double>& got,
-                                             const std::vector<double>& ref, DType dt) {
-  double mx = 0;
-  for (double v : ref)
-    if (std::isfinite(v)) mx = std::max(mx, std::abs(v));
-  const double u = unit_roundoff(dt);
-  return all_close(got, ref, 1.01 * u, 1e-2 * u * mx);
-}
-
 using FusedBwdParam = std::tuple<FOp, DType, bool>;
 class CudaFusedBackward : public CudaParamTest<FusedBwdParam> {};
 

@@ -88,18 +88,6 @@ Result run(Op op, Inputs in, const Tensor& up, bool composed_path, bool transpos
   return r;
 }
 
-// |got - ref| <= k*u*|ref| + slack*u*max|ref|: within the rounding of the reference to the
-// dtype (u its unit roundoff), plus an absolute slack far below one ulp of the largest value.
-::testing::AssertionResult at_rounding_floor(const std::vector<double>& got,
-                                             const std::vector<double>& ref, DType dt,
-                                             double k = 1.01, double slack = 1e-2) {
-  double mx = 0;
-  for (double v : ref)
-    if (std::isfinite(v)) mx = std::max(mx, std::abs(v));
-  const double u = unit_roundoff(dt);
-  return all_close(got, ref, k * u, slack * u * mx);
-}
-
 // ---- fused vs composed, f64 and f32 ----
 
 class FusedVsComposed : public ::testing::TestWithParam<std::tuple<Op, DType>> {};

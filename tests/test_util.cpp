@@ -1,6 +1,7 @@
 // test_util.cpp: implementation of the shared test helpers (test_util.h).
 #include "tests/test_util.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <limits>
@@ -108,6 +109,16 @@ Tensor index_tensor(const std::vector<int64_t>& v, const Shape& s, DType idt) {
 Tensor small_ints(const Shape& s, DType dt, uint64_t seed) {
   if (!is_float(dt)) return random_tensor(s, dt, seed, 0.0, 8.0);
   return random_tensor(s, DType::F64, seed, -8.0, 8.0).to_dtype(DType::I64).to_dtype(dt);
+}
+
+::testing::AssertionResult at_rounding_floor(const std::vector<double>& got,
+                                             const std::vector<double>& ref, DType dt, double k,
+                                             double slack) {
+  double mx = 0;
+  for (double v : ref)
+    if (std::isfinite(v)) mx = std::max(mx, std::abs(v));
+  const double u = unit_roundoff(dt);
+  return all_close(got, ref, k * u, slack * u * mx);
 }
 
 Tensor random_ints(const Shape& s, DType dt, uint64_t seed) {

@@ -122,6 +122,13 @@ Tensor apply_binary(OpId op, const Tensor& a, const Tensor& b);
 ::testing::AssertionResult all_close(const std::vector<double>& got,
                                      const std::vector<double>& ref, double rtol, double atol);
 
+/// The rounding floor of the fused ops' gradients: |got - ref| <= k u |ref| + slack u max|ref|,
+/// within the rounding of the reference to dt (u its unit roundoff), plus an absolute slack far
+/// below one ulp of the largest value.
+::testing::AssertionResult at_rounding_floor(const std::vector<double>& got,
+                                             const std::vector<double>& ref, DType dt,
+                                             double k = 1.01, double slack = 1e-2);
+
 /// One case of the f64 central-difference gradient table (test_grad.cpp): f maps the inputs to a
 /// tensor on their device (a tensor the case captures is moved there), so the CUDA suite runs the
 /// same table again on the GPU.
