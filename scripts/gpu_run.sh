@@ -33,7 +33,10 @@
 #              ncu's source page of each case (per SASS instruction: samples, stalls, shared
 #              wavefronts), ncu_src_<case>.csv.gz
 #   kernels    every kernel each KERNEL_CASES row launches, in order, with its GPU time (ncu's
-#              gpu__time_duration alone: one pass, no replayed sections), the flush's two
+#              gpu__time_duration alone: one pass, no replayed sections; the caches kept as
+#              they are between a row's kernels, where ncu's default flushes them before each
+#              kernel: until run 78 the dw/db fold read from memory the partials it finds in
+#              L2 in the bench), the flush's two
 #              kernels (reduce_rows_kernel, combine_partials_kernel; run 40) left out:
 #              set beside the row's time from events, the rest is launch gaps and host work
 #   train      issue 17's table: taper's --bench-train (CUDA graph on and off; TRAIN_GRAPHS) /
@@ -234,8 +237,8 @@ for step in "$@"; do
       IFS=';' read -ra cases <<<"${KERNEL_CASES:-group_norm,bf16,1x16x256x256_g4,fused,fwd_bwd}"
       for c in "${cases[@]}"; do
         log "ncu kernel times $c"
-        timeout "${NCU_SECONDS:-120}" ncu --clock-control none --metrics gpu__time_duration.sum \
-          -k 'regex:^(?!reduce_rows_kernel|combine_partials_kernel)' -c "${KERNEL_COUNT:-40}" --csv \
+        timeout "${NCU_SECONDS:-120}" ncu --clock-control none --cache-control none \
+          --metrics gpu__time_duration.sum -k 'regex:^(?!reduce_rows_kernel|combine_partials_kernel)' -c "${KERNEL_COUNT:-40}" --csv \
           ./build/gpu/benches/bench_cuda --fused-table /tmp/prof.csv --filter "$c" \
           >"$OUT/kernels_$(case_tag "$c").csv" 2>&1
         log "ncu rc=$?"
