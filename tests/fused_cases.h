@@ -83,7 +83,7 @@ inline ::testing::AssertionResult at_floor(const std::vector<double>& got,
 
 struct Problem {
   FOp op;
-  Tensor x, w, b;  // w, b: empty tensors for no affine (norms only)
+  Tensor x, w, b;  // w, b: empty tensors where there is no affine (softmax: always)
   size_t groups = 1;
 };
 
@@ -96,13 +96,10 @@ inline Problem make_problem(FOp op, DType dt, const Shape& shape, uint64_t seed,
   Problem p;
   p.op = op;
   p.groups = groups;
-  if (!is_norm(op)) {
-    p.x = Tensor::randn(shape, dt, Device::cpu(), seed, 0.0, 3.0);
-    return p;
-  }
-  p.x = Tensor::randn(shape, dt, Device::cpu(), seed, offset, 1.0);
-  const size_t P = op == FOp::GroupNorm ? shape[1] : shape[shape.rank() - 1];
-  if (affine) {
+  p.x = is_norm(op) ? Tensor::randn(shape, dt, Device::cpu(), seed, offset, 1.0)
+                     : Tensor::randn(shape, dt, Device::cpu(), seed, 0.0, 3.0);
+  if (is_norm(op) && affine) {
+    const size_t P = op == FOp::GroupNorm ? shape[1] : shape[shape.rank() - 1];
     std::vector<double> w = values(random_tensor(Shape({P}), DType::F64, seed + 1, 0.5, 1.5));
     for (size_t i = 0; i < P; i += 3) w[i] = -w[i];
     p.w = Tensor::from_vector(w, Shape({P})).to_dtype(dt);
