@@ -104,9 +104,26 @@
 #include "taper/op.h"
 
 namespace taper::cuda {
-namespace {
-
+/// What norm.cu's compiles share (cuda/CMakeLists.txt builds it once per float dtype, each
+/// compile holding that dtype's kernels, TAPER_NORM_PART naming it; f32's compile, without it,
+/// also holds the ops' entry points and their registration), hence a named namespace.
+namespace norm_part {
 enum class Kind : int { kRms, kLayer, kGroup };
+struct Job;
+/// The forward (bwd false) or backward of `kind` on dtype T's kernels, defined by T's compile.
+void run(std::type_identity<bf16>, Kind kind, bool bwd, const Job& j);
+void run(std::type_identity<f16>, Kind kind, bool bwd, const Job& j);
+void run(std::type_identity<float>, Kind kind, bool bwd, const Job& j);
+void run(std::type_identity<double>, Kind kind, bool bwd, const Job& j);
+}  // namespace norm_part
+#ifdef TAPER_NORM_PART
+using NormPartT = TAPER_NORM_PART;  // this compile's dtype
+#else
+using NormPartT = float;
+#endif
+
+namespace {
+using norm_part::Kind;
 
 constexpr int kBlock = 256;          ///< threads of the chunk kernels (and the rows' minimum)
 /// Forward rows: threads per row at most (the half types' rms rows hold 32 values per thread,
@@ -2031,13 +2048,6 @@ __global__ void __launch_bounds__(kColX * kColY)
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-/// x's shape without its last dim (the per-row statistics' shape).
-Shape rows_shape(const Tensor& x) {
-  std::vector<size_t> d = x.dims();
-  if (!d.empty()) d.pop_back();
-  return Shape(d);
-}
-
 /// Piece `item` = (n * C + ch) * P + p of the group norm backward's whole pieces (kBlock *
 /// kFwdVecs * V elements, S a multiple of that): its channel run nc = n * C + ch, channel ch,
 /// row (n, group) and first element lo within the run.
@@ -2230,12 +2240,6 @@ template <class C> C* scratch(Tensor& holder, int64_t n, const Tensor& like) {
   return ptr<C>(holder);
 }
 
-void fill_bytes(const Tensor& t, int byte) {
-  if (present(t))
-    TAPER_CUDA_CHECK(cudaMemsetAsync(t.data_ptr(), byte, t.elem_count() * dtype_size(t.dtype()),
-                                     stream_of(t)));
-}
-
 unsigned grid1(const char* name, int64_t blocks) {
   TAPER_CHECK(blocks <= std::numeric_limits<int32_t>::max(), name, ": too many blocks (", blocks,
               ")");
@@ -2266,8 +2270,10 @@ template <int kMax, class F> void with_vecs(int64_t nv, F&& f) {
   else f(std::integral_constant<int, (kMax < 8 ? kMax : 8)>{});
 }
 
+}  // namespace
+
 /// One norm call, host side: pointers are element 0 of contiguous tensors (null where absent).
-struct Job {
+struct norm_part::Job {
   const char* name = nullptr;
   const std::vector<Tensor>* in = nullptr;
   cudaStream_t st = nullptr;
@@ -2278,6 +2284,9 @@ struct Job {
   void *y = nullptr, *mean = nullptr, *rstd = nullptr;  ///< forward out; backward: mean/rstd in
   Tensor dw, db;  ///< backward outputs (undefined when not needed)
 };
+
+namespace {
+using norm_part::Job;
 
 /// The most blocks per cluster (a power of two <= kMaxCluster) fwd_cluster_kernel<T, K, B> runs
 /// with on device `ordinal` (0: none): a cluster of that size resident with a full slice (its
@@ -2693,6 +2702,22 @@ template <class T> void run_bwd_group(const Job& j) {
   fold_partials<C, T>(j, j.dw.defined() ? pq : nullptr, pdy, j.N, j.Cn, P);
 }
 
+}  // namespace
+
+void norm_part::run(std::type_identity<NormPartT>, Kind kind, bool bwd, const Job& j) {
+  using T = NormPartT;
+  switch (kind) {
+    case Kind::kRms: bwd ? run_bwd_rows<T, Kind::kRms>(j) : run_fwd<T, Kind::kRms>(j); break;
+    case Kind::kLayer:
+      bwd ? run_bwd_rows<T, Kind::kLayer>(j) : run_fwd<T, Kind::kLayer>(j);
+      break;
+    case Kind::kGroup: bwd ? run_bwd_group<T>(j) : run_fwd<T, Kind::kGroup>(j); break;
+  }
+}
+
+#ifndef TAPER_NORM_PART
+namespace {
+
 template <class T> constexpr bool kIsFloatT =
     std::is_same_v<T, bf16> || std::is_same_v<T, f16> || std::is_same_v<T, float> ||
     std::is_same_v<T, double>;
@@ -2707,6 +2732,19 @@ void check_param(const char* name, const char* what, const Tensor& p, const Tens
 }
 
 /// The (R, L) view of x and, for group norm, (N, C, S, G); statistics' shape.
+void fill_bytes(const Tensor& t, int byte) {
+  if (present(t))
+    TAPER_CUDA_CHECK(cudaMemsetAsync(t.data_ptr(), byte, t.elem_count() * dtype_size(t.dtype()),
+                                     stream_of(t)));
+}
+
+/// x's shape without its last dim (the per-row statistics' shape).
+Shape rows_shape(const Tensor& x) {
+  std::vector<size_t> d = x.dims();
+  if (!d.empty()) d.pop_back();
+  return Shape(d);
+}
+
 void plan_rows(Kind kind, const char* name, const Tensor& x, const OpAttrs& a, Job& j,
                Shape& stat_shape) {
   if (kind == Kind::kGroup) {
@@ -2770,13 +2808,7 @@ std::vector<Tensor> norm_fwd(Kind kind, const char* name, const std::vector<Tens
   j.rstd = rstd.data_ptr();
   visit_dtype(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (kIsFloatT<T>) {
-      switch (kind) {
-        case Kind::kRms: run_fwd<T, Kind::kRms>(j); break;
-        case Kind::kLayer: run_fwd<T, Kind::kLayer>(j); break;
-        case Kind::kGroup: run_fwd<T, Kind::kGroup>(j); break;
-      }
-    }
+    if constexpr (kIsFloatT<T>) norm_part::run(std::type_identity<T>{}, kind, false, j);
   });
   return out;
 }
@@ -2836,13 +2868,7 @@ std::vector<Tensor> norm_bwd(Kind kind, const char* name, const std::vector<Tens
   j.rstd = rstd.data_ptr();
   visit_dtype(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (kIsFloatT<T>) {
-      switch (kind) {
-        case Kind::kRms: run_bwd_rows<T, Kind::kRms>(j); break;
-        case Kind::kLayer: run_bwd_rows<T, Kind::kLayer>(j); break;
-        case Kind::kGroup: run_bwd_group<T>(j); break;
-      }
-    }
+    if constexpr (kIsFloatT<T>) norm_part::run(std::type_identity<T>{}, kind, true, j);
   });
   return out;
 }
@@ -2882,4 +2908,5 @@ struct NormRegistrar {
 const NormRegistrar g_norm_registrar;
 
 }  // namespace
+#endif  // TAPER_NORM_PART
 }  // namespace taper::cuda

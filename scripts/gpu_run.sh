@@ -165,8 +165,10 @@ for step in "$@"; do
       log "report rc=$?"
       ;;
     ab)
-      # the object of source $1 (cuda/norm.cu: build/gpu/cuda/CMakeFiles/taper_cuda.dir/norm.cu.o)
-      obj_of() { find build/gpu -path "*/$(dirname "$1")/CMakeFiles/*.dir/$(basename "$1").o" | head -1; }
+      # the objects of source $1, one a compile (cuda/norm.cu: build/gpu/cuda/CMakeFiles/
+      # taper_cuda.dir/norm.cu.o and taper_cuda_norm_{bf16,f16,double}.dir/norm.cu.o), saved
+      # under /tmp/ab/obj/$1/<target folder>
+      obj_of() { find build/gpu -path "*/$(dirname "$1")/CMakeFiles/*.dir/$(basename "$1").o"; }
       base=${AB_BASE:-out/ab/base}
       [ -d "$base" ] || { log "ab: no folder $base"; continue; }
       so=$(ls build/gpu/libtaper.so* | head -1)
@@ -176,7 +178,9 @@ for step in "$@"; do
       for f in $files; do
         mkdir -p "/tmp/ab/src/$(dirname "$f")" "/tmp/ab/obj/$(dirname "$f")"
         cp "$f" "/tmp/ab/src/$f"; cp "$base/$f" "$f"
-        o=$(obj_of "$f"); [ -n "$o" ] && cp "$o" "/tmp/ab/obj/$f.o"
+        for o in $(obj_of "$f"); do
+          d="/tmp/ab/obj/$f/$(basename "$(dirname "$o")")"; mkdir -p "$d"; cp "$o" "$d/"
+        done
       done
       log "ab: base files $files; rebuilding libtaper"
       cmake --build build/gpu -j"$(nproc)" --target taper >"$OUT/ab_build.log" 2>&1 ||
@@ -195,14 +199,18 @@ for step in "$@"; do
       # objects into the library, as it did in run 42 of docs/cuda.md.
       for f in $files; do
         cp "/tmp/ab/src/$f" "$f"
-        o=$(obj_of "$f"); [ -n "$o" ] && cp "/tmp/ab/obj/$f.o" "$o" && touch "$o"
+        for o in $(obj_of "$f"); do
+          cp "/tmp/ab/obj/$f/$(basename "$(dirname "$o")")/$(basename "$o")" "$o" && touch "$o"
+        done
       done
       cp /tmp/ab/new/lib.so "$so"; touch "$(readlink -f "$so")"
       python3 scripts/ab_report.py "$OUT" >"$OUT/ab.md" 2>&1
       ;;
     profile)
-      for f in softmax norm; do
-        cuobjdump --dump-sass "build/gpu/cuda/CMakeFiles/taper_cuda.dir/$f.cu.o" | gzip >"$OUT/sass_$f.txt.gz"
+      for f in softmax norm; do  # norm.cu: each of its compiles (cuda/CMakeLists.txt)
+        for o in build/gpu/cuda/CMakeFiles/taper_cuda*.dir/$f.cu.o; do
+          cuobjdump --dump-sass "$o"
+        done | gzip >"$OUT/sass_$f.txt.gz"
       done
       log "sass dumped"
       IFS=';' read -ra cases <<<"${PROFILE_CASES:-softmax,bf16,16384x1024,fused,fwd}"

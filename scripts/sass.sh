@@ -4,8 +4,11 @@
 # PyPI wheel nvidia-cuda-nvdisasm, fetched once into .tools/ (git ignores it). Prints each kernel
 # whose mangled name matches PATTERN (a Python regex) with its count of static instructions and
 # ptxas's registers; SASS_OUT=FILE keeps the whole listing. For comparing a change's code before
-# a GPU can time it (docs/cuda.md, session 22).
-# Usage: bash scripts/sass.sh cuda/norm.cu 'fwd_rows_kernelINS_4bf16ELNS1_4KindE0'
+# a GPU can time it (docs/cuda.md, session 22). cuda/norm.cu compiles once per float dtype
+# (cuda/CMakeLists.txt): alone it gives f32's kernels, and with SASS_DEFS=-DTAPER_NORM_PART=bf16
+# (f16, double) that dtype's.
+# Usage: SASS_DEFS=-DTAPER_NORM_PART=bf16 bash scripts/sass.sh cuda/norm.cu \
+#          'fwd_rows_kernelINS_4bf16ELNS1_4KindE0'
 set -euo pipefail
 cd "$(dirname "$0")/.."
 src=$1
@@ -20,7 +23,7 @@ fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 nvcc -std=c++20 -O3 -arch=sm_90 -I core/include -I . --expt-relaxed-constexpr --extended-lambda \
-  --fmad=false -Xptxas -v -cubin -o "$tmp/k.cubin" "$src" 2>"$tmp/ptxas.log"
+  --fmad=false ${SASS_DEFS:-} -Xptxas -v -cubin -o "$tmp/k.cubin" "$src" 2>"$tmp/ptxas.log"
 "$tool" -c "$tmp/k.cubin" >"$tmp/k.sass"
 [ -n "${SASS_OUT:-}" ] && cp "$tmp/k.sass" "$SASS_OUT"
 python3 - "$tmp/k.sass" "$tmp/ptxas.log" "$pat" <<'PY'
