@@ -35,7 +35,7 @@
 #   kernels    every kernel each KERNEL_CASES row launches, in order, with its GPU time (ncu's
 #              gpu__time_duration alone: one pass, no replayed sections; the caches kept as
 #              they are between a row's kernels, where ncu's default flushes them before each
-#              kernel: until run 78 the dw/db fold read from memory the partials it finds in
+#              kernel: until run 79 the dw/db fold read from memory the partials it finds in
 #              L2 in the bench), the flush's two
 #              kernels (reduce_rows_kernel, combine_partials_kernel; run 40) left out:
 #              set beside the row's time from events, the rest is launch gaps and host work
