@@ -2731,7 +2731,6 @@ void check_param(const char* name, const char* what, const Tensor& p, const Tens
   TAPER_ASSERT(p.is_contiguous());
 }
 
-/// The (R, L) view of x and, for group norm, (N, C, S, G); statistics' shape.
 void fill_bytes(const Tensor& t, int byte) {
   if (present(t))
     TAPER_CUDA_CHECK(cudaMemsetAsync(t.data_ptr(), byte, t.elem_count() * dtype_size(t.dtype()),
@@ -2745,6 +2744,7 @@ Shape rows_shape(const Tensor& x) {
   return Shape(d);
 }
 
+/// The (R, L) view of x and, for group norm, (N, C, S, G); statistics' shape.
 void plan_rows(Kind kind, const char* name, const Tensor& x, const OpAttrs& a, Job& j,
                Shape& stat_shape) {
   if (kind == Kind::kGroup) {
