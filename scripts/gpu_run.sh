@@ -173,13 +173,13 @@ for step in "$@"; do
       [ -d "$base" ] || { log "ab: no folder $base"; continue; }
       so=$(ls build/gpu/libtaper.so* | head -1)
       mkdir -p /tmp/ab/new /tmp/ab/base /tmp/ab/src /tmp/ab/obj
-      cp -L "$so" /tmp/ab/new/lib.so
+      cp -pL "$so" /tmp/ab/new/lib.so
       files=$(cd "$base" && find . -type f | sed 's#^\./##')
       for f in $files; do
         mkdir -p "/tmp/ab/src/$(dirname "$f")" "/tmp/ab/obj/$(dirname "$f")"
-        cp "$f" "/tmp/ab/src/$f"; cp "$base/$f" "$f"
+        cp -p "$f" "/tmp/ab/src/$f"; cp "$base/$f" "$f"
         for o in $(obj_of "$f"); do
-          d="/tmp/ab/obj/$f/$(basename "$(dirname "$o")")"; mkdir -p "$d"; cp "$o" "$d/"
+          d="/tmp/ab/obj/$f/$(basename "$(dirname "$o")")"; mkdir -p "$d"; cp -p "$o" "$d/"
         done
       done
       log "ab: base files $files; rebuilding libtaper"
@@ -194,16 +194,18 @@ for step in "$@"; do
           log "ab: $v $i rc=$?"
         done
       done
-      # The tested sources, their objects and library back, objects and library newer than the
-      # sources: a later build (this call's or a warm machine's next) must not relink the base
-      # objects into the library, as it did in run 42 of docs/cuda.md.
+      # The tested sources, their objects and library back, each with its own times (cp -p): a
+      # later build (this call's or a warm machine's next) must neither relink the base objects
+      # into the library, as it did in run 42 of docs/cuda.md, nor rebuild the objects, as in
+      # run 81, after they were touched: ninja keeps the time an object had when its deps were
+      # recorded and takes one whose time has changed for stale.
       for f in $files; do
-        cp "/tmp/ab/src/$f" "$f"
+        cp -p "/tmp/ab/src/$f" "$f"
         for o in $(obj_of "$f"); do
-          cp "/tmp/ab/obj/$f/$(basename "$(dirname "$o")")/$(basename "$o")" "$o" && touch "$o"
+          cp -p "/tmp/ab/obj/$f/$(basename "$(dirname "$o")")/$(basename "$o")" "$o"
         done
       done
-      cp /tmp/ab/new/lib.so "$so"; touch "$(readlink -f "$so")"
+      cp -p /tmp/ab/new/lib.so "$(readlink -f "$so")"
       python3 scripts/ab_report.py "$OUT" >"$OUT/ab.md" 2>&1
       ;;
     profile)
