@@ -110,6 +110,15 @@ inline Problem make_problem(FOp op, DType dt, const Shape& shape, uint64_t seed,
   return p;
 }
 
+/// p with input x (any layout, any device) and its w and b moved to x's device.
+inline Problem with_input(const Problem& p, const Tensor& x) {
+  Problem q = p;
+  q.x = x;
+  q.w = p.w.to_device(x.device());
+  q.b = p.b.to_device(x.device());
+  return q;
+}
+
 /// The f64 reference and the per-element scale of the rounding-floor bound.
 struct Expected {
   std::vector<double> y, scale, mean, rstd;

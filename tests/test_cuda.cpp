@@ -1562,11 +1562,7 @@ TEST_P(CudaFusedForward, OnGpuMatchesCpuKernelComposedFormAndReference) {
       const Problem p = make_problem(op, dt, s, ++seed, affine, groups);
       const Expected e = reference(p);
       const Both x = on_both(p.x, layout);
-      Problem pc = p, pg = p;
-      pc.x = x.cpu;
-      pg.x = x.gpu;
-      pg.w = to_gpu(p.w);
-      pg.b = to_gpu(p.b);
+      const Problem pc = with_input(p, x.cpu), pg = with_input(p, x.gpu);
       const Tensor yc = run_public(pc, false), yg = run_public(pg, false);
       Tensor ygc;  // the composed form on the GPU, as the dispatcher runs it
       {
@@ -1636,11 +1632,7 @@ TEST_P(CudaFusedBackward, GradientsOnGpuMatchCpu) {
   const Problem p = make_problem(op, dt, s, 11, true, op == FOp::GroupNorm ? 4 : 1);
   const Tensor up = random_tensor(s, dt, 99);
   const Both x = on_both(p.x, transposed ? LayoutKind::Transposed : LayoutKind::Contiguous);
-  Problem pc = p, pg = p;
-  pc.x = x.cpu;
-  pg.x = x.gpu;
-  pg.w = to_gpu(p.w);
-  pg.b = to_gpu(p.b);
+  const Problem pc = with_input(p, x.cpu), pg = with_input(p, x.gpu);
   const FusedGrads c = run_grads(pc, up), g = run_grads(pg, to_gpu(up));
   if (is_norm(op)) {
     EXPECT_FALSE(g.dw.empty()) << "no gradient for w";

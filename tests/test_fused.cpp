@@ -56,6 +56,7 @@ using testing::ThreadsGuard;
 using testing::ulp_at;
 using testing::unit_roundoff;
 using testing::values;
+using testing::with_input;
 using testing::with_layout;
 
 TAPER_COVERS(Forward, OpId::softmax_last_dim, OpId::log_softmax_last_dim,
@@ -351,10 +352,7 @@ TEST_P(FusedSpecial, NormConstantRowsAndGroups) {
         const Expected e = reference(p);
         for (Device dev : test_devices()) {
           SCOPED_TRACE(dev.to_string());
-          Problem pd = p;
-          pd.x = p.x.to_device(dev);
-          if (p.w.defined()) pd.w = p.w.to_device(dev);
-          if (p.b.defined()) pd.b = p.b.to_device(dev);
+          const Problem pd = with_input(p, p.x.to_device(dev));
           const std::vector<double> got = values(run_public(pd, false));
           for (double v : got) ASSERT_TRUE(std::isfinite(v)) << fop_name(op);
           EXPECT_TRUE(at_floor(got, e.y, e.scale, dt)) << fop_name(op) << " fused";
@@ -385,10 +383,7 @@ TEST_P(FusedSpecial, NormNaNInputMakesItsRowNaN) {
     const Expected e = reference(p);
     for (Device dev : test_devices()) {
       SCOPED_TRACE(dev.to_string());
-      Problem pd = p;
-      pd.x = p.x.to_device(dev);
-      if (p.w.defined()) pd.w = p.w.to_device(dev);
-      if (p.b.defined()) pd.b = p.b.to_device(dev);
+      const Problem pd = with_input(p, p.x.to_device(dev));
       const std::vector<double> got = values(run_public(pd, false));
       EXPECT_TRUE(at_floor(got, e.y, e.scale, dt)) << fop_name(op);
       for (size_t i = 0; i < 80; ++i) ASSERT_TRUE(std::isnan(got[i])) << fop_name(op) << " at " << i;
