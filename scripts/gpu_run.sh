@@ -248,7 +248,8 @@ for step in "$@"; do
       for c in "${cases[@]}"; do
         log "ncu kernel times $c"
         timeout "${NCU_SECONDS:-120}" ncu --clock-control none --cache-control none \
-          --metrics gpu__time_duration.sum -k 'regex:^(?!reduce_rows_kernel|combine_partials_kernel)' -c "${KERNEL_COUNT:-40}" --csv \
+          --metrics gpu__time_duration.sum \
+          -k 'regex:^(?!reduce_rows_kernel|combine_partials_kernel)' -c "${KERNEL_COUNT:-40}" --csv \
           ./build/gpu/benches/bench_cuda --fused-table /tmp/prof.csv --filter "$c" \
           >"$OUT/kernels_$(case_tag "$c").csv" 2>&1
         log "ncu rc=$?"
