@@ -18,16 +18,19 @@
 //   clusters (forward): aligned rows of 64 to 512 KB, enough for 256 blocks (group norm's large
 //     groups): a cluster of 2 to 8 blocks per row holds it in shared memory, 32 KB a block of
 //     256 threads up to rows of 256 KB, else 64 KB a block of 512 (fwd_cluster_kernel); read
-//     once, written once.
+//     once, written once. Group norm's backward likewise where each block's slice (as many
+//     vectors of x and of dy) is a piece of one channel run or whole runs, 2 to 8 blocks a row
+//     (gn_bwd_cluster_kernel).
 //   long rows (backward, bf16/f16/f32): aligned rows of 4097 to 16384, at least 128 of them,
 //     one a block of 512 threads at a time, 128 blocks, each vector of x and dy fetched twice
 //     (for the row's sums, then for dx): bf16/f16 from pipelined stages in shared memory, f32
 //     from memory, the second time from the L2 (its column sums in shared memory). Each
 //     element is read once from memory, written once.
-//   chunks: longer rows, fewer than 128 row blocks of rows >= 4096, and every group norm
-//     backward. A block's registers take one chunk (forward 4096 elements, 2048 f64; rms/layer
-//     backward 2048, 1024 f64); a later kernel merges the per-chunk partials in a fixed order:
-//     inline (each block folds its row's <= 256 partials itself), else one block per row.
+//   chunks: longer rows, fewer than 128 row blocks of rows >= 4096, and the group norm
+//     backward the clusters do not take. A block's registers take one chunk (forward 4096
+//     elements, 2048 f64; rms/layer backward 2048, 1024 f64); a later kernel merges the
+//     per-chunk partials in a fixed order: inline (each block folds its row's <= 256 partials
+//     itself), else one block per row.
 //   grid: the chunk plans (forward, with <= kInlineMerge chunks a row; group norm's backward,
 //     with whole pieces a channel) in one cooperative launch where the device holds all their
 //     blocks at once: each block keeps its chunk in registers across a grid-wide barrier, so x
@@ -66,6 +69,7 @@
 //   gn_bwd_dx_kernel        x, dy, sums -> dx                                3 n s
 //   gn_bwd_grid_kernel      the two above (and dw, db) in one cooperative launch  3 n s
 //   gn_bwd_pipe_kernel      either of the two above, persistent and pipelined  2 / 3 n s
+//   gn_bwd_cluster_kernel   x, dy -> dx, dw/db partials (x, dy held in shared memory)  3 n s
 //   col_reduce_kernel       partials -> dw, db           P D (or N C pieces) values, f32/f64
 // The rows backward's partials cost P / R of a tensor per output (dw, db) in f32, written and
 // read once.
@@ -2276,6 +2280,109 @@ __global__ void __launch_bounds__(kBlock, kGnPipeMinBlocks<T>)
       });
 }
 
+/// Pieces of a group norm row (one row a cluster, at most this many pieces in all): the
+/// cluster's blocks' sums of u and q, gathered in every block (gn_bwd_cluster_kernel).
+constexpr int kGnClusterPieces = 64;
+/// gn_bwd_cluster_kernel's blocks an SM: as many as its slices of x and dy leave room for.
+template <int B> inline constexpr int kGnClusterMinBlocks = smem_blocks(2 * kSliceBytesOf<B>);
+
+/// The group norm backward in one pass, where a cluster of cs blocks of B threads holds a row
+/// (its Cg channel runs of S) in shared memory, block r the r-th slice of B kSliceVecs vectors
+/// of x and of dy. A slice is either a piece of one channel run (m = 1: P pieces a run, S a
+/// multiple of the slice) or m whole runs (P = 1, the slice m runs, m a power of two dividing
+/// Cg), taken by m aligned groups of tpr = B / m threads. Each group's piece k = r m + c
+/// (channel ch0 + k / P) gives its sums of u, q and dy (gn_sums_vec, group_sum in the group)
+/// to the dw/db partials at ((n C + ch) P + k % P) and its (sum u, sum q) to every block of the
+/// cluster (distributed shared memory); each block then folds the row's Cg P pieces in order,
+/// weighted by their channels' w (row_sums' operations: the same in every block), and writes
+/// dx from the slices it holds. x and dy are read once, where the two-pass kernels read them
+/// twice (run 78: gn_bwd_pipe_kernel's sums 48.8 us, then dx 88.4, bf16 (16, 32, 256, 256)/8).
+template <class T, int B>
+__global__ void __launch_bounds__(B, kGnClusterMinBlocks<B>)
+    gn_bwd_cluster_kernel(const T* __restrict__ x, const T* __restrict__ w,
+                          const compute_t<T>* __restrict__ mean,
+                          const compute_t<T>* __restrict__ rstd, const T* __restrict__ dy,
+                          compute_t<T>* __restrict__ pq, compute_t<T>* __restrict__ pdy,
+                          T* __restrict__ dx, int64_t L, int64_t G, int64_t Cg, int64_t Cn,
+                          int64_t P, int m_log2, compute_t<T> inv_m) {
+  namespace cg = cooperative_groups;
+  using C = compute_t<T>;
+  static_assert(B == 256 || B == 512);
+  constexpr int V = kV<T>, U = kSliceVecs, kN = B * U;  // vectors of x (and of dy) a block
+  constexpr int kLog2B = B == 256 ? 8 : 9;
+  extern __shared__ uint4 held[];  // this block's slice of x, then of dy, raw
+  __shared__ C red[B / 32 * 3];
+  __shared__ C slots[2 * kGnClusterPieces];  // the row's pieces' (sum u, sum q), in order
+  cg::cluster_group cl = cg::this_cluster();
+  const int cs = static_cast<int>(cl.num_blocks()), r = static_cast<int>(cl.block_rank());
+  const int64_t row = blockIdx.x / cs, ch0 = (row % G) * Cg;
+  const int t = static_cast<int>(threadIdx.x), m = 1 << m_log2, tpr = B >> m_log2;
+  const int c = t >> (kLog2B - m_log2), lane = t & (tpr - 1);  // this thread's group, lane
+  const int64_t k = static_cast<int64_t>(r) * m + c;           // its piece of the row
+  const int64_t ch = ch0 + k / P;
+  const int64_t item = ((row / G) * Cn + ch) * P + k % P;
+  // The group's part of the slice: kN / m vectors from h0, its thread's vectors lane + u tpr.
+  const int h0 = c * (kN >> m_log2);
+  const int64_t off = row * (L / V) + static_cast<int64_t>(r) * kN + h0;
+  const uint4* xr = reinterpret_cast<const uint4*>(x) + off;
+  const uint4* gr = reinterpret_cast<const uint4*>(dy) + off;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {  // every vector in flight at once, no register held
+    const int i = lane + u * tpr;
+    cp_async<16>(&held[h0 + i], xr + i);
+    cp_async<16>(&held[kN + h0 + i], gr + i);
+  }
+  cp_async_commit();
+  // Every block of the cluster must have started before another writes into its shared memory
+  // (run 81's racecheck: "a block that might not have entered yet"): arrive now, wait before
+  // the writes, so that the loads hide the wait.
+  cl.barrier_arrive();
+  const C mu = mean[row], rho = rstd[row];
+  const C wc = w ? load_c(w[ch]) : C(1);
+  cp_async_wait<0>();  // a thread reads only the slots it copied
+  C s[3] = {C(0), C(0), C(0)};
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int i = h0 + lane + u * tpr;
+    C xv[V], gv[V];
+    widen16<T>(held[i], xv);
+    widen16<T>(held[kN + i], gv);
+    gn_sums_vec<true, T>(xv, gv, V, mu, rho, s);
+  }
+  group_sum(s, tpr, red);
+  cl.barrier_wait();
+  if (lane == 0) {
+    pq[item] = s[1];
+    if (pdy) pdy[item] = s[2];
+    for (int b = 0; b < cs; ++b) {  // piece k's sums into every block's slots
+      C* dst = cl.map_shared_rank(slots + 2 * k, b);
+      dst[0] = s[0];
+      dst[1] = s[1];
+    }
+  }
+  cl.sync();  // release / acquire: every piece's sums are in every block's slots
+  C a = C(0), q = C(0);
+  const int64_t np = static_cast<int64_t>(cs) * m;
+  for (int64_t i = 0; i < np; ++i) {
+    const C wk = w ? load_c(w[ch0 + i / P]) : C(1);
+    a = fma(wk, slots[2 * i], a);
+    q = fma(wk, slots[2 * i + 1], q);
+  }
+  // (no barrier before leaving: after cl.sync no block touches another's shared memory)
+  const C kk = rho * rho * q * inv_m;
+  const C cc = a * inv_m;
+  uint4* dr = reinterpret_cast<uint4*>(dx) + off;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int i = lane + u * tpr;
+    C xv[V], gv[V], o[V];
+    widen16<T>(held[h0 + i], xv);
+    widen16<T>(held[kN + h0 + i], gv);
+    gn_dx_vec<T>(xv, gv, mu, rho, kk, cc, wc, w != nullptr, o);
+    store16<true, true>(reinterpret_cast<T*>(dr + i), o);
+  }
+}
+
 /// A scratch tensor of n compute-type values on `like`'s device (returned to the allocator's
 /// cache when `holder` goes; later work on the same stream is ordered after this use).
 template <class C> C* scratch(Tensor& holder, int64_t n, const Tensor& like) {
@@ -2660,7 +2767,48 @@ template <class T, Kind K> void run_bwd_rows(const Job& j) {
   fold_partials<C, T>(j, pdw, pdb, sets, j.L, 1);
 }
 
+/// group_norm_bwd by gn_bwd_cluster_kernel<T, B>, where its slices fit the rows (a piece of a
+/// channel run or whole runs each, 2 to kMaxCluster a row, kMinClusterBlocks in all) and the
+/// device holds such a cluster; false: another plan.
+template <class T, int B> bool gn_bwd_clustered(const Job& j) {
+  using C = compute_t<T>;
+  constexpr int V = kV<T>;
+  constexpr int64_t kN = int64_t{B} * kSliceVecs;  // vectors of a block's slice
+  const T* x = static_cast<const T*>(j.x);
+  const T* dy = static_cast<const T*>(j.dy);
+  T* dx = static_cast<T*>(j.y);
+  if (!aligned16(x) || !aligned16(dy) || !aligned16(dx) || j.S % V != 0) return false;
+  const int64_t run = j.S / V;  // vectors of a channel run
+  int64_t P = 1, m = 1;        // pieces of a run; runs of a slice
+  if (run % kN == 0) P = run / kN;
+  else if (kN % run == 0) m = kN / run;
+  else return false;
+  if (m > B || (m & (m - 1)) != 0 || j.Cg % m != 0) return false;
+  const int64_t pieces = j.Cg * P, cs = pieces / m;  // a row's pieces and blocks
+  if (cs < 2 || cs > kMaxCluster || pieces > kGnClusterPieces || j.R * cs < kMinClusterBlocks)
+    return false;
+  const size_t smem = 2 * static_cast<size_t>(kSliceBytesOf<B>);
+  const Tensor& like = (*j.in)[0];
+  if (resident_blocks(reinterpret_cast<const void*>(&gn_bwd_cluster_kernel<T, B>), B, smem,
+                      static_cast<int>(cs), like.device().ordinal()) == 0)
+    return false;
+  const int64_t items = j.N * j.Cn * P;
+  Tensor hq, hdy;
+  C* pq = scratch<C>(hq, items, like);
+  C* pdy = j.db.defined() ? scratch<C>(hdy, items, like) : nullptr;
+  const C inv_m = static_cast<C>(1.0 / static_cast<double>(j.L));
+  launch_clustered(j.name, *j.in, &gn_bwd_cluster_kernel<T, B>, grid1(j.name, j.R * cs), B,
+                   static_cast<int>(cs), smem, j.st, x, static_cast<const T*>(j.w),
+                   static_cast<const C*>(j.mean), static_cast<const C*>(j.rstd), dy, pq, pdy,
+                   dx, j.L, j.G, j.Cg, j.Cn, P, log2_for(m, 1), inv_m);
+  fold_partials<C, T>(j, j.dw.defined() ? pq : nullptr, pdy, j.N, j.Cn, P);
+  return true;
+}
+
 template <class T> void run_bwd_group(const Job& j) {
+  // One pass where clusters hold the rows: blocks of 256 threads (three an SM), else 512.
+  if (gn_bwd_clustered<T, kClusterThreads / 2>(j) || gn_bwd_clustered<T, kClusterThreads>(j))
+    return;
   using C = compute_t<T>;
   constexpr int V = kV<T>, NU = kFwdVecs<T>;
   const T* x = static_cast<const T*>(j.x);

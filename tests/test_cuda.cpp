@@ -1762,6 +1762,13 @@ TEST_F(CudaFused, NormBackwardOpsMatchCpuAndAreDeterministic) {
       // row sums from sums_merge_kernel
       {OpId::group_norm, OpId::group_norm_bwd, Shape({2, 64, 128, 128}), 2},
       {OpId::group_norm, OpId::group_norm_bwd, Shape({1, 512, 64, 64}), 1},
+      // one pass, a cluster of blocks a row holding x and dy (gn_bwd_cluster_kernel), 256 and
+      // more blocks: pieces of a channel run (the half types one a run, f32 two, f64 two in
+      // 512-thread blocks) ...
+      {OpId::group_norm, OpId::group_norm_bwd, Shape({16, 16, 128, 128}), 4},
+      // ... and whole runs a block (the half types four, f32 two, in groups of 64 and 128
+      // threads; f64 one)
+      {OpId::group_norm, OpId::group_norm_bwd, Shape({16, 64, 64, 64}), 8},
   };
   uint64_t seed = 300;
   for (const NormCase& c : cases)
