@@ -171,7 +171,19 @@ constexpr int kMaxCluster = 8;
 /// bf16 in 32 blocks: 13.6 -> 20.4 us).
 constexpr int64_t kMinClusterBlocks = 256;
 constexpr int64_t kInlineMerge = 256;    ///< more partials per row than this: a merge kernel
-constexpr int kColX = 32, kColY = 16;    ///< col_reduce: columns x fold lanes
+/// col_fold's block: X columns x Y fold lanes.
+template <int X, int Y> struct ColBlock {
+  static constexpr int kX = X, kY = Y;
+};
+/// The rows' dw and db (rms, layer: P = 1, partials of whole rows): 32 columns x 16 lanes. 8 x 64
+/// gave the 4096x16384 rows 2 048 blocks of few partials each and their forward+backward 2-4 %
+/// more (H100, run 84), for 1 % less at 16384x1024.
+using RowsFold = ColBlock<32, 16>;
+/// Group norm's (pieces of (n, channel), P > 1, each column's strided by P): 8 columns x 64
+/// lanes, where 32 x 16 had a warp's 32 lanes take 32 columns of one piece, 4 P bytes apart, and
+/// half a block idle on 16 channels (H100, run 84: (1, 16, 256, 256)/4 forward+backward 21.0 ->
+/// 19.6 us bf16, 22.1 -> 20.4 f32; the large group norms within 1 %).
+using GroupFold = ColBlock<8, 64>;
 
 template <class T> inline constexpr int kV = kVec<T>;  ///< elements per 16-byte vector
 /// Vectors per thread of the forward loops (and rms rows): 64 bytes in flight per thread in
@@ -1990,18 +2002,18 @@ __global__ void __launch_bounds__(kBlock)
 // ---- dw, db: the partials' fold ------------------------------------------------------------
 
 /// part: (Nn, Cc, P) -> out[c] for the kColX columns from col0: the sum over (n, p) of
-/// part[(n * Cc + c) * P + p], in a fixed order (lane ty folds k = n * P + p = ty, ty + kColY,
-/// ... in four running sums, then a shared-memory tree over the kColY lanes), rounded once. Run
-/// by kColX * kColY / kPer threads, each taking kPer lanes: the same sums and tree, so the same
-/// bits, for every kPer. Every thread of the block must call it. kL2: partials written in this
-/// launch (ld_part). kBatch (col_reduce_kernel on group norm's partials, P > 1): a lane first
-/// takes batches of 64 bytes, each loaded ahead of the adds of the one before, its (n, p)
-/// stepped without a division: the same adds in the same order (term i into sum i % 4). Run 79:
-/// that fold 11.3 -> 6.5 us, bf16 (16, 32, 256, 256)/8, where one load at a time was in flight
-/// (a 64-bit division before each). Not for the rows (P = 1: 7.1-7.3 us, 0.4 us gained under
-/// ncu, forward+backward 1-2 % slower with twice the registers) nor the grid kernel's fold
-/// (kPer 2: 82 -> 122 registers, the small group norm 13.6 % slower).
-template <int kPer, bool kL2, bool kBatch = false, class C, class O>
+/// part[(n * Cc + c) * P + p], in a fixed order (lane ty folds k = n * P + p = ty, ty + kColY, ...
+/// in four running sums, then a shared-memory tree over the kColY lanes), rounded once. Run by
+/// kColX * kColY / kPer threads, each taking kPer lanes: the same sums and tree, so the same bits,
+/// for every kPer; red's shape is the block's (RowsFold, GroupFold). Every thread of the block must
+/// call it. kL2: partials written in this launch (ld_part). kBatch (col_reduce_kernel on group
+/// norm's partials, P > 1): a lane first takes batches of 64 bytes, each loaded ahead of the adds
+/// of the one before, its (n, p) stepped without a division: the same adds in the same order
+/// (term i into sum i % 4). Run 79: that fold 11.3 -> 6.5 us, bf16 (16, 32, 256, 256)/8, where one
+/// load at a time was in flight (a 64-bit division before each). Not for the rows (P = 1: 7.1-7.3
+/// us, 0.4 us gained under ncu, forward+backward 1-2 % slower with twice the registers) nor the
+/// grid kernel's fold (kPer 2: 82 -> 122 registers, the small group norm 13.6 % slower).
+template <int kPer, bool kL2, bool kBatch = false, class C, class O, int kColY, int kColX>
 __device__ __forceinline__ void col_fold(const C* part, O* __restrict__ out, int64_t Nn,
                                          int64_t Cc, int64_t P, int64_t col0,
                                          C (&red)[kColY][kColX]) {
@@ -2079,14 +2091,14 @@ __device__ __forceinline__ void col_fold(const C* part, O* __restrict__ out, int
   if (t0 == 0 && col < Cc) out[col] = round_to<O>(red[0][tx]);
 }
 
-/// dw and db from their partials: block (x, y) folds columns x * kColX on of dw (y = 0, when pw)
+/// dw and db from their partials: block (x, y) folds columns x * F::kX on of dw (y = 0, when pw)
 /// or db (col_fold, one lane a thread; kBatch: its batches).
-template <class C, class OW, class OB, bool kBatch>
-__global__ void __launch_bounds__(kColX * kColY)
+template <class C, class OW, class OB, bool kBatch, class F>
+__global__ void __launch_bounds__(F::kX * F::kY)
     col_reduce_kernel(const C* __restrict__ pw, OW* __restrict__ ow, const C* __restrict__ pb,
                       OB* __restrict__ ob, int64_t Nn, int64_t Cc, int64_t P) {
-  __shared__ C red[kColY][kColX];
-  const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kColX;
+  __shared__ C red[F::kY][F::kX];
+  const int64_t col0 = static_cast<int64_t>(blockIdx.x) * F::kX;
   if (pw != nullptr && blockIdx.y == 0) col_fold<1, false, kBatch>(pw, ow, Nn, Cc, P, col0, red);
   else col_fold<1, false, kBatch>(pb, ob, Nn, Cc, P, col0, red);
 }
@@ -2183,12 +2195,13 @@ __global__ void __launch_bounds__(kBlock, 2)
   // dw (from pq) and db (from pdy), each column block as col_reduce_kernel's (the same bits),
   // by the first blocks: no launch of their own. Every sum they read was written before the
   // barrier above.
-  __shared__ C cred[kColY][kColX];
-  const int64_t ncol = ceil_div(Cn, kColX);
+  using F = GroupFold;
+  __shared__ C cred[F::kY][F::kX];
+  const int64_t ncol = ceil_div(Cn, F::kX);
   const int64_t nw = dw ? ncol : 0, nfold = nw + (db ? ncol : 0);
   for (int64_t f = blockIdx.x; f < nfold; f += gridDim.x) {  // uniform in the block
-    if (f < nw) col_fold<kColX * kColY / kBlock, true>(pq, dw, N, Cn, P, f * kColX, cred);
-    else col_fold<kColX * kColY / kBlock, true>(pdy, db, N, Cn, P, (f - nw) * kColX, cred);
+    if (f < nw) col_fold<F::kX * F::kY / kBlock, true>(pq, dw, N, Cn, P, f * F::kX, cred);
+    else col_fold<F::kX * F::kY / kBlock, true>(pdy, db, N, Cn, P, (f - nw) * F::kX, cred);
     __syncthreads();  // cred is read to the end before a further column block reuses it
   }
 }
@@ -2578,19 +2591,21 @@ template <class T, Kind K> void run_fwd(const Job& j) {
 }
 
 /// dw, db from their partials (Nn, Cc, P) (null: not wanted).
-template <class C, class OW>
+template <class C, class OW, class F>
 void fold_partials(const Job& j, const C* pw, const C* pb, int64_t Nn, int64_t Cc, int64_t P) {
   if (!pw && !pb) return;
-  const dim3 grid(grid1(j.name, ceil_div(Cc, kColX)), (pw ? 1u : 0u) + (pb ? 1u : 0u));
+  const dim3 grid(grid1(j.name, ceil_div(Cc, F::kX)), (pw ? 1u : 0u) + (pb ? 1u : 0u));
   OW* ow = pw ? ptr<OW>(j.dw) : nullptr;
   auto launch = [&](auto btag) {
     using OB = decltype(btag);
     OB* ob = pb ? ptr<OB>(j.db) : nullptr;
-    constexpr int kThreads = kColX * kColY;
+    constexpr int kThreads = F::kX * F::kY;
     if (P > 1)
-      col_reduce_kernel<C, OW, OB, true><<<grid, kThreads, 0, j.st>>>(pw, ow, pb, ob, Nn, Cc, P);
+      col_reduce_kernel<C, OW, OB, true, F>
+          <<<grid, kThreads, 0, j.st>>>(pw, ow, pb, ob, Nn, Cc, P);
     else
-      col_reduce_kernel<C, OW, OB, false><<<grid, kThreads, 0, j.st>>>(pw, ow, pb, ob, Nn, Cc, P);
+      col_reduce_kernel<C, OW, OB, false, F>
+          <<<grid, kThreads, 0, j.st>>>(pw, ow, pb, ob, Nn, Cc, P);
     TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
   };
   if (!pb) {
@@ -2655,7 +2670,7 @@ template <class T, Kind K> void run_bwd_rows(const Job& j) {
             x, w, mean, rstd, dy, dx, pdw, pdb, j.R, j.L, tl, inv_d, vec);
         TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
       });
-      fold_partials<C, T>(j, pdw, pdb, P, j.L, 1);
+      fold_partials<C, T, RowsFold>(j, pdw, pdb, P, j.L, 1);
       return;
     }
   }
@@ -2689,7 +2704,7 @@ template <class T, Kind K> void run_bwd_rows(const Job& j) {
         launch_clustered(j.name, *j.in, kernel, static_cast<unsigned>(kBwdLongRowBlocks),
                          kBwdMaxThreads, kCs, all, j.st, x, w, mean, rstd, dy, dx, pdw, pdb, j.R,
                          j.L, kBwdMaxThreadsLog2, inv_d, vec);
-        fold_partials<C, T>(j, pdw, pdb, P, j.L, 1);
+        fold_partials<C, T, RowsFold>(j, pdw, pdb, P, j.L, 1);
         return true;
       };
       using std::integral_constant;
@@ -2764,7 +2779,7 @@ template <class T, Kind K> void run_bwd_rows(const Job& j) {
         x, w, mean, rstd, dy, ps, pre, dx, j.L, nch, items, inv_d, vec);
   }
   TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
-  fold_partials<C, T>(j, pdw, pdb, sets, j.L, 1);
+  fold_partials<C, T, RowsFold>(j, pdw, pdb, sets, j.L, 1);
 }
 
 /// group_norm_bwd by gn_bwd_cluster_kernel<T, B>, where its slices fit the rows (a piece of a
@@ -2801,7 +2816,7 @@ template <class T, int B> bool gn_bwd_clustered(const Job& j) {
                    static_cast<int>(cs), smem, j.st, x, static_cast<const T*>(j.w),
                    static_cast<const C*>(j.mean), static_cast<const C*>(j.rstd), dy, pq, pdy,
                    dx, j.L, j.G, j.Cg, j.Cn, P, log2_for(m, 1), inv_m);
-  fold_partials<C, T>(j, j.dw.defined() ? pq : nullptr, pdy, j.N, j.Cn, P);
+  fold_partials<C, T, GroupFold>(j, j.dw.defined() ? pq : nullptr, pdy, j.N, j.Cn, P);
   return true;
 }
 
@@ -2842,7 +2857,8 @@ template <class T> void run_bwd_group(const Job& j) {
       launch_cooperative(j.name, *j.in, kernel, grid1(j.name, items), kBlock, j.st, x, w, mean,
                          rstd, dy, pu, pq, pdy, dx, dw, db, j.N, j.Cn, j.S, j.G, j.Cg, P, inv_m,
                          aligned16(x) && aligned16(dy) && aligned16(dx));
-      if (!fold) fold_partials<C, T>(j, j.dw.defined() ? pq : nullptr, pdy, j.N, j.Cn, P);
+      if (!fold)
+        fold_partials<C, T, GroupFold>(j, j.dw.defined() ? pq : nullptr, pdy, j.N, j.Cn, P);
       return;
     }
   }
@@ -2894,7 +2910,7 @@ template <class T> void run_bwd_group(const Job& j) {
         vec_l);
   }
   TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
-  fold_partials<C, T>(j, j.dw.defined() ? pq : nullptr, pdy, j.N, j.Cn, P);
+  fold_partials<C, T, GroupFold>(j, j.dw.defined() ? pq : nullptr, pdy, j.N, j.Cn, P);
 }
 
 }  // namespace
