@@ -26,8 +26,9 @@
 //   condition number of its sigmoid factor; see test_elementwise.cpp), plus 2 subnormal steps
 //   (times max(1, |x|)); for bf16/f16 one ulp of the half type more (both devices compute in f32
 //   and round once, and two f32 values a few u_c apart may round to neighbouring half values).
-//   k is the CPU's own bound against the long-double reference (test_elementwise.cpp) plus the
-//   CUDA libdevice maximum error (CUDA Programming Guide, 1 ulp = 2 u_c), rounded up:
+//   k (k_dev in tests/unary_cases.h) is the CPU's own bound against the long-double reference
+//   (test_elementwise.cpp) plus the CUDA libdevice maximum error (CUDA Programming Guide,
+//   1 ulp = 2 u_c), rounded up:
 //
 //     op        k (u_c)   why
 //     exp       8         CPU 4 + expf 2 ulp (exp f64 1 ulp)
@@ -82,6 +83,7 @@
 #include "tests/fused_cases.h"
 #include "tests/ref/fused_ref.h"
 #include "tests/test_util.h"
+#include "tests/unary_cases.h"
 
 namespace taper::testing {
 namespace {
@@ -314,62 +316,19 @@ const std::vector<Shape>& elementwise_shapes() {
 
 // ---- unary -------------------------------------------------------------------------------------
 
-enum class Bound { Exact, Rel, Gelu };
-
-struct UnarySpec {
-  OpId op;
-  double lo, hi;  ///< input range
-  double f0, f1;  ///< attrs
-  Bound bound;
-  double k;  ///< units of u_c (the table of the file header)
-};
-
-const UnarySpec kUnary[] = {
-    {OpId::neg, -2, 2, 0, 0, Bound::Exact, 0},
-    {OpId::abs, -2, 2, 0, 0, Bound::Exact, 0},
-    {OpId::exp, -10, 10, 0, 0, Bound::Rel, 8},
-    {OpId::log, 0.01, 100, 0, 0, Bound::Rel, 8},
-    {OpId::sqrt, 0.01, 100, 0, 0, Bound::Exact, 0},
-    {OpId::rsqrt, 0.01, 100, 0, 0, Bound::Rel, 4},
-    {OpId::recip, -4, 4, 0, 0, Bound::Exact, 0},
-    {OpId::sqr, -3, 3, 0, 0, Bound::Exact, 0},
-    {OpId::tanh, -6, 6, 0, 0, Bound::Rel, 12},
-    {OpId::sigmoid, -20, 20, 0, 0, Bound::Rel, 16},
-    {OpId::relu, -2, 2, 0, 0, Bound::Exact, 0},
-    {OpId::gelu, -8, 8, 0, 0, Bound::Gelu, 16},
-    {OpId::gelu_erf, -9, 9, 0, 0, Bound::Rel, 12},
-    {OpId::silu, -20, 20, 0, 0, Bound::Rel, 20},
-    {OpId::sin, -10, 10, 0, 0, Bound::Rel, 12},
-    {OpId::cos, -10, 10, 0, 0, Bound::Rel, 12},
-    {OpId::powf, 0.1, 4, 2.5, 0, Bound::Rel, 8},
-    {OpId::affine, -2, 2, 1.7, -0.3, Bound::Exact, 0},
-    {OpId::clamp, -2, 2, -0.5, 0.75, Bound::Exact, 0},
-};
-
-/// The integer forms (exact; the CPU's wrap and saturation semantics).
-struct IntUnarySpec {
-  OpId op;
-  double f0, f1;
-};
-const IntUnarySpec kIntUnary[] = {
-    {OpId::neg, 0, 0},         {OpId::abs, 0, 0},           {OpId::relu, 0, 0},
-    {OpId::sqr, 0, 0},         {OpId::affine, 3, -7},       {OpId::affine, -1, 250},
-    {OpId::affine, 0.5, 1.25}, {OpId::clamp, 10.5, 200.2}, {OpId::clamp, -5, 1e30},
-};
-
 /// Per-element bounds of a transcendental op's |gpu - cpu| (the file header's table).
 std::vector<double> unary_bounds(const UnarySpec& s, DType dt, const std::vector<double>& x,
                                  const std::vector<double>& g, const std::vector<double>& c) {
   std::vector<double> b(x.size(), 0.0);
-  if (s.bound == Bound::Exact) return b;
+  if (s.k_dev == 0) return b;
   for (size_t i = 0; i < x.size(); ++i) {
     const double m = std::max(std::abs(g[i]), std::abs(c[i]));
     double scale = m;
-    if (s.bound == Bound::Gelu) {
+    if (s.scale == Scale::Gelu) {
       const double z = 0.7978845608028654 * (x[i] + 0.044715 * x[i] * x[i] * x[i]);
       scale = m * (1.0 + std::abs(2.0 * z));
     }
-    b[i] = s.k * compute_u(dt) * scale + 2.0 * tiny_of(dt) * std::max(1.0, std::abs(x[i]));
+    b[i] = s.k_dev * compute_u(dt) * scale + 2.0 * tiny_of(dt) * std::max(1.0, std::abs(x[i]));
     if (is_half(dt)) b[i] += ulp_at(dt, m);
     if (std::isnan(b[i])) b[i] = 0.0;  // 0 * inf (both results 0 at x = ±inf): exact
   }
@@ -393,7 +352,7 @@ TEST_P(CudaUnaryFloat, MatchesCpuOnEveryLayoutAndSize) {
       const Tensor yc = apply_unary(s.op, x.cpu, s.f0, s.f1);
       const Tensor yg = apply_unary(s.op, x.gpu, s.f0, s.f1);
       ASSERT_TRUE(gpu_result(yg, yc));
-      if (s.bound == Bound::Exact) {
+      if (s.k_dev == 0) {
         EXPECT_TRUE(same_bits(yg, yc));
       } else {
         const std::vector<double> xv = values(x.cpu), gv = values(yg), cv = values(yc);

@@ -7,14 +7,14 @@
 // - exact ops (neg abs sqrt recip sqr relu clamp, add sub mul div maximum minimum, comparisons,
 //   where_cond) must equal the single rounding of the f32 (f64) result bit for bit: for bf16/f16
 //   that is bf16(float(ref)), e.g. bf16(a + b computed in f32), so a double rounding fails;
-// - the other float ops: |got - ref| <= k * u_c * scale, u_c the unit roundoff of the compute
-//   type (f32 for bf16/f16/f32, f64 for f64), k per op (affine 2, rsqrt 3, exp/log/powf 4,
-//   sin/cos/gelu 6, tanh/sigmoid/silu 8, gelu_erf 10: 1 to 5 ulp; measured maxima are about
-//   half of these), scale = |ref| except affine (|x*mul| + |add|: cancellation) and gelu
+// - the other float ops: |got - ref| <= k * u_c * scale, u_c the unit roundoff of the compute type
+//   (f32 for bf16/f16/f32, f64 for f64), k per op (tests/unary_cases.h: affine 2, rsqrt 3,
+//   exp/log/powf 4, sin/cos/gelu 6, tanh/sigmoid/silu 8, gelu_erf 10: 1 to 5 ulp; measured maxima
+//   are about half of these), scale = |ref| except affine (|x*mul| + |add|: cancellation) and gelu
 //   (|ref| (1 + |2z|): the condition number of the sigmoid factor in its argument 2z, which no
-//   working-precision evaluation escapes); bf16/f16 add one unit in the last place of the
-//   result (2 u_h |want|), the flip a correctly computed f32 value may cause when it is
-//   rounded once to the half type. Subnormal results may differ by a subnormal step (times |x|).
+//   working-precision evaluation escapes); bf16/f16 add one unit in the last place of the result
+//   (2 u_h |want|), the flip a correctly computed f32 value may cause when it is rounded once to
+//   the half type. Subnormal results may differ by a subnormal step (times |x|).
 // Every Highway target compiled in (AVX3, AVX2, SSE4, scalar) is checked too.
 // Integer ops are exact (two's-complement wrap; integer division by zero gives 0).
 #include <gtest/gtest.h>
@@ -31,6 +31,7 @@
 
 #include "tests/ref/elementwise_ref.h"
 #include "tests/test_util.h"
+#include "tests/unary_cases.h"
 
 namespace taper::testing {
 namespace {
@@ -98,38 +99,6 @@ double round_like(DType dt, double v) {
 }
 
 // ---- unary, float dtypes ---------------------------------------------------------------------
-
-enum class Scale { Exact, Rel, Affine, Gelu };
-
-struct UnarySpec {
-  OpId op;
-  double lo, hi;  ///< input range
-  double f0, f1;  ///< attrs
-  Scale scale;
-  double k;       ///< bound in units of the compute type's unit roundoff
-};
-
-const UnarySpec kUnary[] = {
-    {OpId::neg, -2, 2, 0, 0, Scale::Exact, 0},
-    {OpId::abs, -2, 2, 0, 0, Scale::Exact, 0},
-    {OpId::exp, -10, 10, 0, 0, Scale::Rel, 4},
-    {OpId::log, 0.01, 100, 0, 0, Scale::Rel, 4},
-    {OpId::sqrt, 0.01, 100, 0, 0, Scale::Exact, 0},
-    {OpId::rsqrt, 0.01, 100, 0, 0, Scale::Rel, 3},
-    {OpId::recip, -4, 4, 0, 0, Scale::Exact, 0},
-    {OpId::sqr, -3, 3, 0, 0, Scale::Exact, 0},
-    {OpId::tanh, -6, 6, 0, 0, Scale::Rel, 8},
-    {OpId::sigmoid, -20, 20, 0, 0, Scale::Rel, 8},
-    {OpId::relu, -2, 2, 0, 0, Scale::Exact, 0},
-    {OpId::gelu, -8, 8, 0, 0, Scale::Gelu, 6},
-    {OpId::gelu_erf, -9, 9, 0, 0, Scale::Rel, 10},
-    {OpId::silu, -20, 20, 0, 0, Scale::Rel, 8},
-    {OpId::sin, -10, 10, 0, 0, Scale::Rel, 6},
-    {OpId::cos, -10, 10, 0, 0, Scale::Rel, 6},
-    {OpId::powf, 0.1, 4, 2.5, 0, Scale::Rel, 4},
-    {OpId::affine, -2, 2, 1.7, -0.3, Scale::Affine, 2},
-    {OpId::clamp, -2, 2, -0.5, 0.75, Scale::Exact, 0},
-};
 
 /// Expected values and per-element bounds of a float unary op on inputs xv of dtype dt.
 void unary_expectation(const UnarySpec& s, DType dt, const std::vector<double>& xv,
@@ -288,7 +257,7 @@ TEST(ElementwiseUnary, PowfSpecialCases) {
       SCOPED_TRACE("e=" + std::to_string(e) + " " + std::string(dtype_name(dt)));
       const Tensor x = Tensor::from_vector(bases, Shape({bases.size()})).to_dtype(dt);
       const std::vector<double> xv = values(x);
-      const UnarySpec s{OpId::powf, 0, 0, e, 0, Scale::Rel, 4};
+      const UnarySpec s{OpId::powf, 0, 0, e, 0, Scale::Rel, 4, 0};
       std::vector<double> want, bound;
       unary_expectation(s, dt, xv, want, bound);
       const std::vector<double> got = values(x.powf(e));
@@ -399,16 +368,6 @@ TEST(ElementwiseUnary, RankZeroAndEmptyTensors) {
 }
 
 // ---- unary, integer dtypes -------------------------------------------------------------------
-
-struct IntUnarySpec {
-  OpId op;
-  double f0, f1;
-};
-const IntUnarySpec kIntUnary[] = {
-    {OpId::neg, 0, 0},        {OpId::abs, 0, 0},      {OpId::relu, 0, 0},
-    {OpId::sqr, 0, 0},        {OpId::affine, 3, -7},  {OpId::affine, -1, 250},
-    {OpId::affine, 0.5, 1.25}, {OpId::clamp, 10.5, 200.2}, {OpId::clamp, -5, 1e30},
-};
 
 template <class T>
 void check_int_unary(const IntUnarySpec& s, const Tensor& x) {
