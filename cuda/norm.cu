@@ -2599,13 +2599,11 @@ void fold_partials(const Job& j, const C* pw, const C* pb, int64_t Nn, int64_t C
   auto launch = [&](auto btag) {
     using OB = decltype(btag);
     OB* ob = pb ? ptr<OB>(j.db) : nullptr;
-    constexpr int kThreads = F::kX * F::kY;
-    if (P > 1)
-      col_reduce_kernel<C, OW, OB, true, F>
-          <<<grid, kThreads, 0, j.st>>>(pw, ow, pb, ob, Nn, Cc, P);
-    else
-      col_reduce_kernel<C, OW, OB, false, F>
-          <<<grid, kThreads, 0, j.st>>>(pw, ow, pb, ob, Nn, Cc, P);
+    // The batches for group norm's pieces (P > 1) only: the rows' partials are whole rows.
+    auto* kernel = &col_reduce_kernel<C, OW, OB, false, F>;
+    if constexpr (std::is_same_v<F, GroupFold>)
+      if (P > 1) kernel = &col_reduce_kernel<C, OW, OB, true, F>;
+    kernel<<<grid, F::kX * F::kY, 0, j.st>>>(pw, ow, pb, ob, Nn, Cc, P);
     TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
   };
   if (!pb) {
