@@ -117,6 +117,20 @@ inline cudaLaunchConfig_t cluster_config(cudaLaunchAttribute& attr, unsigned blo
   return attr_config(attr, blocks, threads, smem, st);
 }
 
+/// Programmatic dependent launch (sm_90). A kernel launched with it (launch_clustered<true>)
+/// may have its blocks scheduled while the kernel before it in the stream still runs, once
+/// every block of that one has called pdl_begin or exited, so its launch and its first blocks'
+/// start overlap that kernel's last blocks. Such a kernel must call pdl_begin before it touches
+/// global memory: it waits there until the kernels before it have completed and their writes
+/// are visible (a no-op where the kernel was launched without it), then lets the next kernel's
+/// blocks be scheduled.
+__device__ __forceinline__ void pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 #ifdef __CUDACC__  // a launch: nvcc translation units only (bench_cuda.cpp includes this header)
 /// Launches `kernel` for op `name` by `cfg` (cudaLaunchKernelEx) and checks the launch: a refusal
 /// is a taper::Error naming the op (TAPER_CUDA_CHECK_LAUNCH's, for what follows).
@@ -131,20 +145,38 @@ void launch_ex(const char* name, const std::vector<Tensor>& in, const cudaLaunch
   TAPER_CUDA_CHECK_LAUNCH(name, in);
 }
 
-/// Launches `kernel` for op `name` with `cs` blocks per cluster (a plain launch when cs == 1) and
-/// checks the launch.
-template <class... P, class... A>
-void launch_clustered(const char* name, const std::vector<Tensor>& in, void (*kernel)(P...),
-                      unsigned blocks, int threads, int cs, size_t smem, cudaStream_t st,
-                      A&&... args) {
-  if (cs == 1) {
-    kernel<<<blocks, threads, smem, st>>>(std::forward<A>(args)...);
+/// Launches `kernel` for op `name` over `grid` blocks in clusters of `cs` (1: none) and checks
+/// the launch. kPdl: a programmatic dependent launch (pdl_begin, which the kernel must call
+/// first).
+template <bool kPdl = false, class... P, class... A>
+void launch_grid(const char* name, const std::vector<Tensor>& in, void (*kernel)(P...), dim3 grid,
+                 int threads, int cs, size_t smem, cudaStream_t st, A&&... args) {
+  if (cs == 1 && !kPdl) {
+    kernel<<<grid, threads, smem, st>>>(std::forward<A>(args)...);
     TAPER_CUDA_CHECK_LAUNCH(name, in);
     return;
   }
-  cudaLaunchAttribute attr;
-  launch_ex(name, in, cluster_config(attr, blocks, threads, cs, smem, st), kernel,
-            std::forward<A>(args)...);
+  cudaLaunchAttribute attrs[2];
+  cudaLaunchConfig_t cfg = cluster_config(attrs[0], 1, threads, cs, smem, st);
+  cfg.gridDim = grid;
+  cfg.numAttrs = cs > 1 ? 1 : 0;
+  if constexpr (kPdl) {
+    cudaLaunchAttribute& a = attrs[cfg.numAttrs++];
+    a = {};
+    a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    a.val.programmaticStreamSerializationAllowed = 1;
+  }
+  cfg.attrs = attrs;
+  launch_ex(name, in, cfg, kernel, std::forward<A>(args)...);
+}
+
+/// launch_grid of `blocks` blocks (1-D).
+template <bool kPdl = false, class... P, class... A>
+void launch_clustered(const char* name, const std::vector<Tensor>& in, void (*kernel)(P...),
+                      unsigned blocks, int threads, int cs, size_t smem, cudaStream_t st,
+                      A&&... args) {
+  launch_grid<kPdl>(name, in, kernel, dim3(blocks), threads, cs, smem, st,
+                    std::forward<A>(args)...);
 }
 
 /// A cooperative launch of `blocks` blocks (no dynamic shared memory): every block resident at

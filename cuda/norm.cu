@@ -626,6 +626,7 @@ __global__ void __launch_bounds__(kMaxRowThreads<T>, kPipe || kAl ? kPipeMinBloc
                     T* __restrict__ y, compute_t<T>* __restrict__ mean,
                     compute_t<T>* __restrict__ rstd, int64_t R, int64_t L, int tpr_log2_arg,
                     int64_t S, int64_t G, int64_t Cg, compute_t<T> eps, bool vec) {
+  pdl_begin();  // launched as a programmatic dependent launch
   using C = compute_t<T>;
   __shared__ C red[kMaxRowThreads<T> / 32];
   const int tpr_log2 = kWarp32 ? 5 : tpr_log2_arg;
@@ -1389,6 +1390,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads,
                     const T* __restrict__ dy, T* __restrict__ dx, compute_t<T>* __restrict__ pdw,
                     compute_t<T>* __restrict__ pdb, int64_t R, int64_t D, int tpr_log2,
                     compute_t<T> inv_d, bool vec) {
+  pdl_begin();  // launched as a programmatic dependent launch
   using C = compute_t<T>;
   constexpr int V = kV<T>;
   __shared__ C red[kBwdMaxThreads / 32 * 2];
@@ -2097,6 +2099,7 @@ template <class C, class OW, class OB, bool kBatch, class F>
 __global__ void __launch_bounds__(F::kX * F::kY)
     col_reduce_kernel(const C* __restrict__ pw, OW* __restrict__ ow, const C* __restrict__ pb,
                       OB* __restrict__ ob, int64_t Nn, int64_t Cc, int64_t P) {
+  pdl_begin();  // launched as a programmatic dependent launch
   __shared__ C red[F::kY][F::kX];
   const int64_t col0 = static_cast<int64_t>(blockIdx.x) * F::kX;
   if (pw != nullptr && blockIdx.y == 0) col_fold<1, false, kBatch>(pw, ow, Nn, Cc, P, col0, red);
@@ -2536,9 +2539,10 @@ template <class T, Kind K> void run_fwd(const Job& j) {
               const int resident = resident_blocks(reinterpret_cast<const void*>(kernel), threads,
                                                    smem, 1, (*j.in)[0].device().ordinal());
               if (resident > 0) {
-                kernel<<<grid1(j.name, std::min<int64_t>(blocks, resident)), threads, smem,
-                         j.st>>>(x, w, b, y, mean, rstd, j.R, j.L, tl, j.S, j.G, j.Cg, eps, vec);
-                TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
+                launch_clustered<true>(j.name, *j.in, kernel,
+                                       grid1(j.name, std::min<int64_t>(blocks, resident)),
+                                       threads, 1, smem, j.st, x, w, b, y, mean, rstd, j.R, j.L,
+                                       tl, j.S, j.G, j.Cg, eps, vec);
                 return;
               }
             }
@@ -2546,9 +2550,9 @@ template <class T, Kind K> void run_fwd(const Job& j) {
           auto* kernel = &fwd_rows_kernel<T, K, NV, false, kAl>;
           if constexpr (kAl)
             if (tl == 5) kernel = &fwd_rows_kernel<T, K, NV, false, kAl, true>;
-          kernel<<<grid1(j.name, blocks), threads, 0, j.st>>>(x, w, b, y, mean, rstd, j.R, j.L,
-                                                             tl, j.S, j.G, j.Cg, eps, vec);
-          TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
+          launch_clustered<true>(j.name, *j.in, kernel, grid1(j.name, blocks), threads, 1, 0,
+                                 j.st, x, w, b, y, mean, rstd, j.R, j.L, tl, j.S, j.G, j.Cg, eps,
+                                 vec);
         };
         if constexpr (K != Kind::kGroup) {
           if (vec) {
@@ -2603,8 +2607,8 @@ void fold_partials(const Job& j, const C* pw, const C* pb, int64_t Nn, int64_t C
     auto* kernel = &col_reduce_kernel<C, OW, OB, false, F>;
     if constexpr (std::is_same_v<F, GroupFold>)
       if (P > 1) kernel = &col_reduce_kernel<C, OW, OB, true, F>;
-    kernel<<<grid, F::kX * F::kY, 0, j.st>>>(pw, ow, pb, ob, Nn, Cc, P);
-    TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
+    launch_grid<true>(j.name, *j.in, kernel, grid, F::kX * F::kY, 1, 0, j.st, pw, ow, pb, ob,
+                      Nn, Cc, P);
   };
   if (!pb) {
     launch(OW{});
@@ -2657,16 +2661,16 @@ template <class T, Kind K> void run_bwd_rows(const Job& j) {
                                (w ? static_cast<size_t>(j.L) * sizeof(T) : 0);  // w's copy
             if (resident_blocks(reinterpret_cast<const void*>(kernel), threads, all, 1,
                                 like.device().ordinal()) > 0) {
-              kernel<<<static_cast<unsigned>(P), threads, all, j.st>>>(
-                  x, w, mean, rstd, dy, dx, pdw, pdb, j.R, j.L, tl, inv_d, vec);
-              TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
+              launch_clustered<true>(j.name, *j.in, kernel, static_cast<unsigned>(P), threads, 1,
+                                     all, j.st, x, w, mean, rstd, dy, dx, pdw, pdb, j.R, j.L, tl,
+                                     inv_d, vec);
               return;
             }
           }
         }
-        bwd_rows_kernel<T, K, NV, false><<<static_cast<unsigned>(P), threads, smem, j.st>>>(
-            x, w, mean, rstd, dy, dx, pdw, pdb, j.R, j.L, tl, inv_d, vec);
-        TAPER_CUDA_CHECK_LAUNCH(j.name, *j.in);
+        launch_clustered<true>(j.name, *j.in, &bwd_rows_kernel<T, K, NV, false>,
+                               static_cast<unsigned>(P), threads, 1, smem, j.st, x, w, mean, rstd,
+                               dy, dx, pdw, pdb, j.R, j.L, tl, inv_d, vec);
       });
       fold_partials<C, T, RowsFold>(j, pdw, pdb, P, j.L, 1);
       return;
@@ -2699,9 +2703,9 @@ template <class T, Kind K> void run_bwd_rows(const Job& j) {
         Tensor hw, hb;
         C* pdw = need_w ? scratch<C>(hw, P * j.L, like) : nullptr;
         C* pdb = need_b ? scratch<C>(hb, P * j.L, like) : nullptr;
-        launch_clustered(j.name, *j.in, kernel, static_cast<unsigned>(kBwdLongRowBlocks),
-                         kBwdMaxThreads, kCs, all, j.st, x, w, mean, rstd, dy, dx, pdw, pdb, j.R,
-                         j.L, kBwdMaxThreadsLog2, inv_d, vec);
+        launch_clustered<true>(j.name, *j.in, kernel, static_cast<unsigned>(kBwdLongRowBlocks),
+                               kBwdMaxThreads, kCs, all, j.st, x, w, mean, rstd, dy, dx, pdw, pdb,
+                               j.R, j.L, kBwdMaxThreadsLog2, inv_d, vec);
         fold_partials<C, T, RowsFold>(j, pdw, pdb, P, j.L, 1);
         return true;
       };

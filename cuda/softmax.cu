@@ -527,6 +527,7 @@ __device__ __forceinline__ void onchip_row(const RowArgs<T>& a, int64_t row, boo
 /// Rows of D <= 32 kNv kVec: G = 2^glog2 lanes per row, 256 / G rows per block.
 template <class T, Kind K, bool kAl>
 __global__ void __launch_bounds__(kWarpBlock, 3) warp_rows_kernel(RowArgs<T> a, int glog2) {
+  pdl_begin();
   const int G = 1 << glog2;
   const int rows_per_block = kWarpBlock >> glog2;
   const WarpTeam team{G, static_cast<int>(threadIdx.x) & (G - 1)};
@@ -543,6 +544,7 @@ __global__ void __launch_bounds__(kWarpBlock, 3) warp_rows_kernel(RowArgs<T> a, 
 /// threads per row; grid = clusters * cs, cluster c takes rows c, c + clusters, ...
 template <class T, Kind K, bool kAl>
 __global__ void __launch_bounds__(kRowBlock, 3) block_rows_kernel(RowArgs<T> a) {
+  pdl_begin();
   __shared__ alignas(16) unsigned char red[32 * sizeof(MaxSum<compute_t<T>>)];
   __shared__ alignas(16) unsigned char xch[2 * sizeof(MaxSum<compute_t<T>>)];
   const unsigned cs = cg::this_cluster().num_blocks(), blk = cg::this_cluster().block_rank();
@@ -626,6 +628,7 @@ __device__ __forceinline__ void pipe_rows(const RowArgs<T>& a, int64_t base, int
 template <class T, Kind K, bool kWarp32>
 __global__ void __launch_bounds__(kWarpBlock, kPipeMinBlocks<T, true>)
     warp_rows_pipe_kernel(RowArgs<T> a, int glog2_arg) {
+  pdl_begin();
   const int glog2 = kWarp32 ? 5 : glog2_arg;
   const int rows_per_block = kWarpBlock >> glog2;
   const WarpTeam team{1 << glog2, static_cast<int>(threadIdx.x) & ((1 << glog2) - 1)};
@@ -638,6 +641,7 @@ __global__ void __launch_bounds__(kWarpBlock, kPipeMinBlocks<T, true>)
 template <class T, Kind K>
 __global__ void __launch_bounds__(kPipeMaxThreads<T, K>, kPipeBlockMin<T, K>)
     block_rows_pipe_kernel(RowArgs<T> a) {
+  pdl_begin();
   __shared__ alignas(16) unsigned char red[32 * sizeof(MaxSum<compute_t<T>>)];
   __shared__ alignas(16) unsigned char xch[2 * sizeof(MaxSum<compute_t<T>>)];
   const unsigned cs = cg::this_cluster().num_blocks(), blk = cg::this_cluster().block_rank();
@@ -805,6 +809,7 @@ __device__ __forceinline__ void stream_row(const RowArgs<T>& a, int64_t row,
 /// Rows longer than on chip: a cluster of kStreamCluster blocks of kStreamBlock threads per row.
 template <class T, Kind K, bool kAl>
 __global__ void __launch_bounds__(kStreamBlock, 2) stream_rows_kernel(RowArgs<T> a) {
+  pdl_begin();
   __shared__ alignas(16) unsigned char red[32 * sizeof(MaxSum<compute_t<T>>)];
   __shared__ alignas(16) unsigned char xch[2 * sizeof(MaxSum<compute_t<T>>)];
   const unsigned cs = cg::this_cluster().num_blocks(), blk = cg::this_cluster().block_rank();
@@ -826,12 +831,13 @@ template <class C> __global__ void empty_rows_kernel(C* __restrict__ st, int64_t
 
 // ---- host side -------------------------------------------------------------------------------
 
-/// launch_clustered (cuda_common.cuh) for a grid of at most kMaxGrid blocks.
+/// launch_clustered (cuda_common.cuh) for a grid of at most kMaxGrid blocks, a programmatic
+/// dependent launch: every kernel it launches calls pdl_begin first.
 template <class... P>
 void launch(const char* name, const std::vector<Tensor>& in, void (*kernel)(P...), int64_t blocks,
             int threads, int cs, size_t smem, cudaStream_t st, P... args) {
-  launch_clustered(name, in, kernel, static_cast<unsigned>(blocks), threads, cs, smem, st,
-                   args...);
+  launch_clustered<true>(name, in, kernel, static_cast<unsigned>(blocks), threads, cs, smem, st,
+                         args...);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }

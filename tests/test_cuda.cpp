@@ -1671,6 +1671,70 @@ TEST_F(CudaFused, SoftmaxBackwardOpsMatchCpuKernels) {
     }
 }
 
+// Fused ops back to back, each reading what the one before wrote: their row kernels are
+// programmatic dependent launches (cuda_common.cuh's pdl_begin), whose blocks may start while
+// the kernel before them still runs. The chain and its backward (the norms' dw/db folds among
+// them) give the same bits as the same ops run one at a time, the device synchronised after
+// each, where a kernel that read its input before the one writing it had finished would not.
+TEST_F(CudaFused, BackToBackOpsSeeTheirInputs) {
+  constexpr size_t R = 4096, D = 1024;
+  constexpr int kLinks = 3;  // rms_norm, softmax, layer_norm each
+  for (DType dt : {DType::BF16, DType::F32}) {
+    SCOPED_TRACE(std::string(dtype_name(dt)));
+    uint64_t seed = 90;
+    auto rnd = [&](Shape sh) { return to_gpu(Tensor::randn(sh, dt, kCpu, ++seed)); };
+    const Tensor x0 = rnd(Shape({R, D})), up = rnd(Shape({R, D}));
+    std::vector<Var> ws, bs;
+    std::vector<std::function<Tensor(const Tensor&)>> chain;
+    for (int i = 0; i < kLinks; ++i) {
+      ws.push_back(Var::from_tensor(rnd(Shape({D}))));
+      ws.push_back(Var::from_tensor(rnd(Shape({D}))));
+      bs.push_back(Var::from_tensor(rnd(Shape({D}))));
+      const Var wr = ws[ws.size() - 2], wl = ws.back(), bl = bs.back();
+      chain.push_back([wr](const Tensor& t) { return ops::rms_norm(t, wr, 1e-5); });
+      chain.push_back([](const Tensor& t) { return ops::softmax_last_dim(t); });
+      chain.push_back([wl, bl](const Tensor& t) { return ops::layer_norm(t, wl, bl, 1e-5); });
+    }
+    const Var x = Var::from_tensor(x0);
+    Tensor y = x;
+    for (const auto& f : chain) y = f(y);
+    const GradStore g = y.backward(up);
+
+    std::vector<Tensor> in{x0};  // one at a time: each op's input
+    for (const auto& f : chain) {
+      in.push_back(f(in.back()));
+      synchronize(kGpu);
+    }
+    EXPECT_TRUE(same_bits(y, in.back()));
+    Tensor gr = up;
+    std::vector<std::optional<Tensor>> dw(chain.size()), db(chain.size());
+    for (size_t k = chain.size(); k-- > 0;) {
+      const Var xi = Var::from_tensor(in[k]);
+      const GradStore gk = chain[k](xi).backward(gr);
+      synchronize(kGpu);
+      ASSERT_TRUE(gk.get(xi).has_value());
+      gr = *gk.get(xi);
+      if (k % 3 != 1) dw[k] = gk.get(ws[k / 3 * 2 + (k % 3 == 2)]);
+      if (k % 3 == 2) db[k] = gk.get(bs[k / 3]);
+    }
+    ASSERT_TRUE(g.get(x).has_value());
+    EXPECT_TRUE(same_bits(*g.get(x), gr)) << "dx";
+    for (size_t k = 0; k < chain.size(); ++k) {
+      SCOPED_TRACE("op " + std::to_string(k));
+      if (k % 3 != 1) {
+        const auto want = g.get(ws[k / 3 * 2 + (k % 3 == 2)]);
+        ASSERT_TRUE(want.has_value() && dw[k].has_value());
+        EXPECT_TRUE(same_bits(*want, *dw[k])) << "dw";
+      }
+      if (k % 3 == 2) {
+        const auto want = g.get(bs[k / 3]);
+        ASSERT_TRUE(want.has_value() && db[k].has_value());
+        EXPECT_TRUE(same_bits(*want, *db[k])) << "db";
+      }
+    }
+  }
+}
+
 // The dedicated norm backward ops on the GPU against the CPU's (kernels where each device has
 // one, else their composed forms), every output asked for, with the statistics the CPU forward
 // kernel saved; twice on the GPU for the same bits (dw and db reduce in a fixed order). Rows
