@@ -206,7 +206,9 @@ TEST(Linear, MatchesTheProductPlusBiasRoundedOnce) {
     const Tensor y = ops::linear(x, w, b);
     EXPECT_EQ(y.shape(), Shape({2, 7, 3}));
     EXPECT_EQ(values(y), values(want));
-    if (!is_half(dt)) EXPECT_EQ(values(y), values(x.matmul(w.t()) + b));
+    if (!is_half(dt)) {
+      EXPECT_EQ(values(y), values(x.matmul(w.t()) + b));
+    }
     EXPECT_EQ(values(ops::linear(x, w, Tensor())), values(x.matmul(w.t())));
     const Tensor xt = random_tensor({5, 7}, dt, 4).t();  // (7, 5), columns dense
     EXPECT_EQ(values(ops::linear(xt, w, b)), values(ops::linear(xt.contiguous(), w, b)));
