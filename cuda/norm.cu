@@ -2299,20 +2299,30 @@ __global__ void __launch_bounds__(kBlock, kGnPipeMinBlocks<T>)
 /// Pieces of a group norm row (one row a cluster, at most this many pieces in all): the
 /// cluster's blocks' sums of u and q, gathered in every block (gn_bwd_cluster_kernel).
 constexpr int kGnClusterPieces = 64;
+/// gn_bwd_cluster_kernel keeps the first kGnRegVecs of a thread's vectors of x and of dy in
+/// registers, the rest in shared memory (kGnHeldBytesOf a block): two 512-thread blocks an SM
+/// (four of 256), where the slices of x and dy in shared memory alone left room for one (three):
+/// 256 KB of rows on chip, not 128 KB (192). bf16 (16, 32, 256, 256)/8's backward, 512-thread
+/// blocks in clusters of 8 holding a group, then takes 4 waves where it took 8 (H100, run 13:
+/// its forward+backward at 58 % of the copy).
+template <int B> inline constexpr int kGnRegVecs = B == 512 ? 1 : 2;
+template <int B>
+inline constexpr int64_t kGnHeldBytesOf = 2 * int64_t{B} * (kSliceVecs - kGnRegVecs<B>) * 16;
 /// gn_bwd_cluster_kernel's blocks an SM: as many as its slices of x and dy leave room for.
-template <int B> inline constexpr int kGnClusterMinBlocks = smem_blocks(2 * kSliceBytesOf<B>);
+template <int B> inline constexpr int kGnClusterMinBlocks = smem_blocks(kGnHeldBytesOf<B>);
 
-/// The group norm backward in one pass, where a cluster of cs blocks of B threads holds a row
-/// (its Cg channel runs of S) in shared memory, block r the r-th slice of B kSliceVecs vectors
-/// of x and of dy. A slice is either a piece of one channel run (m = 1: P pieces a run, S a
-/// multiple of the slice) or m whole runs (P = 1, the slice m runs, m a power of two dividing
-/// Cg), taken by m aligned groups of tpr = B / m threads. Each group's piece k = r m + c
-/// (channel ch0 + k / P) gives its sums of u, q and dy (gn_sums_vec, group_sum in the group)
-/// to the dw/db partials at ((n C + ch) P + k % P) and its (sum u, sum q) to every block of the
-/// cluster (distributed shared memory); each block then folds the row's Cg P pieces in order,
-/// weighted by their channels' w (row_sums' operations: the same in every block), and writes
-/// dx from the slices it holds. x and dy are read once, where the two-pass kernels read them
-/// twice (run 78: gn_bwd_pipe_kernel's sums 48.8 us, then dx 88.4, bf16 (16, 32, 256, 256)/8).
+/// The group norm backward in one pass, where a cluster of cs blocks of B threads holds a row (its
+/// Cg channel runs of S) on chip (kGnRegVecs vectors a thread in registers, the rest in shared
+/// memory), block r the r-th slice of B kSliceVecs vectors of x and of dy. A slice is either a
+/// piece of one channel run (m = 1: P pieces a run, S a multiple of the slice) or m whole runs (P =
+/// 1, the slice m runs, m a power of two dividing Cg), taken by m aligned groups of tpr = B / m
+/// threads. Each group's piece k = r m + c (channel ch0 + k / P) gives its sums of u, q and dy
+/// (gn_sums_vec, group_sum in the group) to the dw/db partials at ((n C + ch) P + k % P) and its
+/// (sum u, sum q) to every block of the cluster (distributed shared memory); each block then folds
+/// the row's Cg P pieces in order, weighted by their channels' w (row_sums' operations: the same in
+/// every block), and writes dx from the slices it holds. x and dy are read once, where the two-pass
+/// kernels read them twice (run 78: gn_bwd_pipe_kernel's sums 48.8 us, then dx 88.4, bf16 (16, 32,
+/// 256, 256)/8).
 template <class T, int B>
 __global__ void __launch_bounds__(B, kGnClusterMinBlocks<B>)
     gn_bwd_cluster_kernel(const T* __restrict__ x, const T* __restrict__ w,
@@ -2325,8 +2335,11 @@ __global__ void __launch_bounds__(B, kGnClusterMinBlocks<B>)
   using C = compute_t<T>;
   static_assert(B == 256 || B == 512);
   constexpr int V = kV<T>, U = kSliceVecs, kN = B * U;  // vectors of x (and of dy) a block
+  // A thread's vectors u < UR of x and dy in registers (kx, kg), the others in its own slots
+  // held[(u - UR) B + t] (x) and held[kNs + (u - UR) B + t] (dy).
+  constexpr int UR = kGnRegVecs<B>, kNs = B * (U - UR);
   constexpr int kLog2B = B == 256 ? 8 : 9;
-  extern __shared__ uint4 held[];  // this block's slice of x, then of dy, raw
+  extern __shared__ uint4 held[];  // x's and dy's vectors past the registers', raw
   __shared__ C red[B / 32 * 3];
   __shared__ C slots[2 * kGnClusterPieces];  // the row's pieces' (sum u, sum q), in order
   cg::cluster_group cl = cg::this_cluster();
@@ -2342,13 +2355,29 @@ __global__ void __launch_bounds__(B, kGnClusterMinBlocks<B>)
   const int64_t off = row * (L / V) + static_cast<int64_t>(r) * kN + h0;
   const uint4* xr = reinterpret_cast<const uint4*>(x) + off;
   const uint4* gr = reinterpret_cast<const uint4*>(dy) + off;
+  uint4 kx[UR], kg[UR];
 #pragma unroll
-  for (int u = 0; u < U; ++u) {  // every vector in flight at once, no register held
+  for (int u = 0; u < U; ++u) {  // every vector in flight at once
     const int i = lane + u * tpr;
-    cp_async<16>(&held[h0 + i], xr + i);
-    cp_async<16>(&held[kN + h0 + i], gr + i);
+    if (u < UR) {
+      kx[u] = __ldcs(xr + i);  // read once: evict-first
+      kg[u] = __ldcs(gr + i);
+    } else {
+      cp_async<16>(&held[(u - UR) * B + t], xr + i);
+      cp_async<16>(&held[kNs + (u - UR) * B + t], gr + i);
+    }
   }
   cp_async_commit();
+  // Vector u of x and of dy of this thread.
+  auto get = [&](int u, C (&xv)[V], C (&gv)[V]) {
+    if (u < UR) {
+      widen16<T>(kx[u], xv);
+      widen16<T>(kg[u], gv);
+    } else {
+      widen16<T>(held[(u - UR) * B + t], xv);
+      widen16<T>(held[kNs + (u - UR) * B + t], gv);
+    }
+  };
   // Every block of the cluster must have started before another writes into its shared memory
   // (run 81's racecheck: "a block that might not have entered yet"): arrive now, wait before
   // the writes, so that the loads hide the wait.
@@ -2359,10 +2388,8 @@ __global__ void __launch_bounds__(B, kGnClusterMinBlocks<B>)
   C s[3] = {C(0), C(0), C(0)};
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    const int i = h0 + lane + u * tpr;
     C xv[V], gv[V];
-    widen16<T>(held[i], xv);
-    widen16<T>(held[kN + i], gv);
+    get(u, xv, gv);
     gn_sums_vec<true, T>(xv, gv, V, mu, rho, s);
   }
   group_sum(s, tpr, red);
@@ -2392,8 +2419,7 @@ __global__ void __launch_bounds__(B, kGnClusterMinBlocks<B>)
   for (int u = 0; u < U; ++u) {
     const int i = lane + u * tpr;
     C xv[V], gv[V], o[V];
-    widen16<T>(held[h0 + i], xv);
-    widen16<T>(held[kN + h0 + i], gv);
+    get(u, xv, gv);
     gn_dx_vec<T>(xv, gv, mu, rho, kk, cc, wc, w != nullptr, o);
     store16<true, true>(reinterpret_cast<T*>(dr + i), o);
   }
@@ -2804,7 +2830,7 @@ template <class T, int B> bool gn_bwd_clustered(const Job& j) {
   const int64_t pieces = j.Cg * P, cs = pieces / m;  // a row's pieces and blocks
   if (cs < 2 || cs > kMaxCluster || pieces > kGnClusterPieces || j.R * cs < kMinClusterBlocks)
     return false;
-  const size_t smem = 2 * static_cast<size_t>(kSliceBytesOf<B>);
+  const size_t smem = static_cast<size_t>(kGnHeldBytesOf<B>);
   const Tensor& like = (*j.in)[0];
   if (resident_blocks(reinterpret_cast<const void*>(&gn_bwd_cluster_kernel<T, B>), B, smem,
                       static_cast<int>(cs), like.device().ordinal()) == 0)
@@ -2823,7 +2849,7 @@ template <class T, int B> bool gn_bwd_clustered(const Job& j) {
 }
 
 template <class T> void run_bwd_group(const Job& j) {
-  // One pass where clusters hold the rows: blocks of 256 threads (three an SM), else 512.
+  // One pass where clusters hold the rows: blocks of 256 threads (four an SM), else 512 (two).
   if (gn_bwd_clustered<T, kClusterThreads / 2>(j) || gn_bwd_clustered<T, kClusterThreads>(j))
     return;
   using C = compute_t<T>;
