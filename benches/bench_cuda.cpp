@@ -40,6 +40,8 @@
 #include "taper/composed.h"
 #include "taper/taper.h"
 
+void gpu_spin(cudaStream_t s, long long cycles);  // gpu_spin.cu
+
 // taper's stream of a device, from cuda/backend.cu (declared in cuda/cuda_common.cuh, which holds
 // device code and does not compile as host C++; the library exports the symbol).
 namespace taper::cuda {
@@ -253,9 +255,9 @@ void run_matmul_cublas(benchmark::State& st, DType dt) {
 // scripts/bench_fused_torch.py so its rows sit beside PyTorch's, torch.compile's and Liger's:
 // CUDA events on taper's stream around each call, the L2 cache flushed before every timed
 // iteration (a 256 MiB buffer summed, outside the events: reading it leaves clean lines, where a
-// memset would leave 50 MB of dirty lines for the timed call to write back), 5 warm-up calls,
-// the median of
-// kTableIters timed calls. The copy ceiling is a 1 GiB device-to-device copy timed the same way.
+// memset would leave 50 MB of dirty lines for the timed call to write back), then a spin of
+// kHideCycles on the GPU (gpu_spin.cu), so that the events time the GPU's work and not the host's
+// queueing of it, 5 warm-up calls, the median of kTableIters timed calls. The copy ceiling is a 1 GiB device-to-device copy timed the same way.
 // Every row: op, dtype, shape, path (fused/composed), pass (fwd/fwd_bwd), median us, minimal
 // bytes, fused_kernel (1 when a fused CUDA kernel ran, 0 when both paths ran the composed form).
 
@@ -285,6 +287,9 @@ std::vector<Case> table_cases() {
 
 constexpr int kTableIters = 50;
 constexpr int kTableWarmup = 5;
+/// The spin before each timed call: 2e6 SM clocks, about 1 ms at the H100's and H200's 1.98 GHz,
+/// more than the host takes to queue any row's call (scripts/bench_fused_torch.py spins as long).
+constexpr long long kHideCycles = 2000000;
 
 /// Times `fn` (which queues work on taper's stream) by the table's method; returns the median
 /// in microseconds.
@@ -298,6 +303,7 @@ template <class Fn> double time_events(const Fn& fn, const Tensor& flush) {
   std::vector<double> us;
   for (int i = 0; i < kTableIters; ++i) {
     { Tensor t = flush.sum({0}); }  // reads the buffer: the L2 holds clean lines of it after
+    gpu_spin(s, kHideCycles);       // the GPU busy while the host queues fn's work
     cudaEventRecord(e0, s);
     fn();
     cudaEventRecord(e1, s);

@@ -2,7 +2,8 @@
 """bench_fused_torch.py: times the alternatives to taper's fused CUDA ops on the same GPU, by the
 method of `bench_cuda --fused-table` (benches/bench_cuda.cpp): CUDA events around each call,
 the L2 cache flushed before every timed iteration (a 256 MiB buffer summed: read, so the L2 is
-left holding clean lines), 5 warm-up calls,
+left holding clean lines), then a spin of HIDE_CYCLES on the GPU (torch.cuda._sleep; bench_cuda's
+gpu_spin.cu) so that the events time the GPU's work, not Python's queueing of it, 5 warm-up calls,
 the median of --iters (default 50) timed calls. Implementations:
   torch      PyTorch native (F.softmax, F.rms_norm, F.layer_norm, F.group_norm)
   compile    torch.compile of the composed form (primitive ops), forward and backward graphs
@@ -23,6 +24,10 @@ import torch
 import torch.nn.functional as F
 
 EPS = 1e-5
+# About 1 ms of SM clocks: longer than Python takes to queue any row's call. Without it a slow
+# host's queueing time entered the times (run 94 of docs/cuda.md: Liger's bf16 softmax forward
+# 111.4 us, where run 86 measured 21.7 us).
+HIDE_CYCLES = 2_000_000
 
 
 def cases():
@@ -117,6 +122,7 @@ def time_fn(fn, iters, flush):
     times = []
     for _ in range(iters):
         flush.sum()
+        torch.cuda._sleep(HIDE_CYCLES)
         s = torch.cuda.Event(enable_timing=True)
         e = torch.cuda.Event(enable_timing=True)
         s.record()
