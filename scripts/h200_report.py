@@ -95,7 +95,8 @@ def main():
         print("## Primitives (Google Benchmark, median of 3)\n")
         print(primitives(a.json))
         print()
-    print("## Fused ops (CUDA events, L2 flushed before each call, median of 50)\n")
+    print("## Fused ops (CUDA events, L2 flushed and a 1 ms GPU spin before each call, "
+          "median of 50)\n")
     print("Times in us. fused = taper's fused op (`kernel` = its CUDA kernels ran; `composed` = "
           "no CUDA kernel yet, the registry ran the composed form); composed = "
           "taper::composed; torch = PyTorch native; compile = torch.compile of the composed "
