@@ -257,7 +257,8 @@ void run_matmul_cublas(benchmark::State& st, DType dt) {
 // iteration (a 256 MiB buffer summed, outside the events: reading it leaves clean lines, where a
 // memset would leave 50 MB of dirty lines for the timed call to write back), then a spin of
 // kHideCycles on the GPU (gpu_spin.cu), so that the events time the GPU's work and not the host's
-// queueing of it, 5 warm-up calls, the median of kTableIters timed calls. The copy ceiling is a 1 GiB device-to-device copy timed the same way.
+// queueing of it, 5 warm-up calls, the median of kTableIters timed calls. The copy ceiling is a
+// 1 GiB device-to-device copy timed the same way.
 // Every row: op, dtype, shape, path (fused/composed), pass (fwd/fwd_bwd), median us, minimal
 // bytes, fused_kernel (1 when a fused CUDA kernel ran, 0 when both paths ran the composed form).
 
