@@ -25,13 +25,16 @@
 #              --filter "$AB_FILTER" (default "fused,") for each, twice, interleaved, to
 #              $OUT/ab_{new,base}_{1,2}.csv (scripts/ab_report.py renders them). Put it last: it
 #              rebuilds libtaper, and restores the tested one and the sources when done.
-#   profile    the SASS of softmax.cu and norm.cu (cuobjdump), and ncu's counters of the fused
-#              kernels of each PROFILE_CASES row (bench_cuda --fused-table --filter); keep the
-#              bench's L2 flush (reduce_rows_kernel) out of PROFILE_KERNELS (run 37 of
-#              docs/cuda.md profiled only it); NCU_EXTRA: more ncu arguments (e.g. "--section
-#              SourceCounters --print-details all": the section's totals); NCU_SOURCE=1: also
+#   profile    ncu's counters of the fused kernels of each PROFILE_CASES row (bench_cuda
+#              --fused-table --filter); keep the bench's L2 flush (reduce_rows_kernel) out of
+#              PROFILE_KERNELS (run 37 of docs/cuda.md profiled only it); NCU_EXTRA: more ncu
+#              arguments (e.g. "--section SourceCounters --print-details all": the section's
+#              totals); NCU_SOURCE=1: also
 #              ncu's source page of each case (per SASS instruction: samples, stalls, shared
-#              wavefronts), ncu_src_<case>.csv.gz
+#              wavefronts), ncu_src_<case>.csv.gz; PROFILE_SASS=1: also the SASS of softmax.cu
+#              and norm.cu (cuobjdump; tens of MB, more than a device call brings back in one
+#              archive with the rest: run 95 lost its files so; scripts/sass.sh reads the SASS
+#              without a GPU)
 #   kernels    every kernel each KERNEL_CASES row launches, in order, with its GPU time (ncu's
 #              gpu__time_duration alone: one pass, no replayed sections; the caches kept as
 #              they are between a row's kernels, where ncu's default flushes them before each
@@ -209,12 +212,14 @@ for step in "$@"; do
       python3 scripts/ab_report.py "$OUT" >"$OUT/ab.md" 2>&1
       ;;
     profile)
-      for f in softmax norm; do  # norm.cu: each of its compiles (cuda/CMakeLists.txt)
-        for o in build/gpu/cuda/CMakeFiles/taper_cuda*.dir/$f.cu.o; do
-          cuobjdump --dump-sass "$o"
-        done | gzip >"$OUT/sass_$f.txt.gz"
-      done
-      log "sass dumped"
+      if [ "${PROFILE_SASS:-0}" = 1 ]; then
+        for f in softmax norm; do  # norm.cu: each of its compiles (cuda/CMakeLists.txt)
+          for o in build/gpu/cuda/CMakeFiles/taper_cuda*.dir/$f.cu.o; do
+            cuobjdump --dump-sass "$o"
+          done | gzip >"$OUT/sass_$f.txt.gz"
+        done
+        log "sass dumped"
+      fi
       IFS=';' read -ra cases <<<"${PROFILE_CASES:-softmax,bf16,16384x1024,fused,fwd}"
       kern="regex:${PROFILE_KERNELS:-warp_rows|block_rows|stream_rows|fwd_rows|bwd_rows|chunk|gn_bwd|col_reduce|fwd_merge|sums_merge}"
       for c in "${cases[@]}"; do
