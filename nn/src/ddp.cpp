@@ -148,8 +148,11 @@ GradStore DistributedDataParallel::backward(const Tensor& out, const Tensor& gra
     size_t count = 0;
     for (size_t i = 0; i < n; ++i) {
       std::string ranks;
-      for (int r = 0; r < world; ++r)
-        if (!all[static_cast<size_t>(r) * n + i]) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
+      for (int r = 0; r < world; ++r) {
+        if (all[static_cast<size_t>(r) * n + i]) continue;
+        if (!ranks.empty()) ranks += ',';
+        ranks += std::to_string(r);
+      }
       if (ranks.empty()) continue;
       if (++count > 8) continue;
       if (!unused.empty()) unused += ", ";
